@@ -1,0 +1,70 @@
+"""``report.md`` and the learning-curve plot of a run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from targetlm.config import Config
+
+CURVE = "learning_curve.png"
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def plot_learning_curve(metrics: list[dict[str, Any]], path: Path) -> bool:
+    """Training and validation perplexity against steps (log scale). False if nothing to plot."""
+    train = [(m["step"], m["ppl"]) for m in metrics if m["kind"] == "train"]
+    valid = [(m["step"], m["ppl"]) for m in metrics if m["kind"] == "valid"]
+    if not train and not valid:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    if train:
+        axes.plot(*zip(*train), label="train", linewidth=1)
+    if valid:
+        axes.plot(*zip(*valid), "o-", label="valid")
+    axes.set_xlabel("step")
+    axes.set_ylabel("perplexity")
+    axes.set_yscale("log")
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path:
+    has_curve = plot_learning_curve(read_metrics(run_dir), run_dir / CURVE)
+    lines = [
+        f"# targetlm run: {run_dir.name}",
+        "",
+        f"Data `{config.data.name}` · encoder `{config.model.encoder.kind}` · output "
+        f"`{config.model.output.kind}` · objective `{config.objective.kind}` · vocabulary {results['vocab_size']:,}",
+        "",
+        "| split | perplexity | tokens | OOV rate |",
+        "|---|---:|---:|---:|",
+    ]
+    for split in ("valid", "test"):
+        r = results[split]
+        lines.append(f"| {split} | {r['ppl']:.2f} | {r['tokens']:,} | {r['oov_rate']:.2%} |")
+    lines += ["", "| part | parameters |", "|---|---:|"]
+    lines += [f"| {part} | {count:,} |" for part, count in results["params"].items()]
+    lines += [f"| **total** | **{results['total_params']:,}** |", ""]
+    lines.append(f"Training: {results['steps']:,} steps, {results['wall_time_s']:.1f} s wall time.")
+    if has_curve:
+        lines += ["", f"![learning curve]({CURVE})"]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

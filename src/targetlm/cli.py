@@ -1,0 +1,182 @@
+"""The ``targetlm`` command line.
+
+    targetlm train CONFIG [--set key=value ...] [--run-dir DIR] [--resume]
+    targetlm eval RUN_DIR [--split valid|test] [--set key=value ...] [--json]
+    targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+    targetlm describe CONFIG [--set key=value ...] [--json]
+    targetlm data info|download NAME
+
+Every expected failure (bad config, missing data, unusable checkpoint or run
+directory, diverged training) is one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from targetlm import config as config_lib
+from targetlm.data import DATASETS, DataError, Vocabulary, with_context_token
+from targetlm.data.datasets import get_spec, read_split
+from targetlm.registry import ConfigError
+from targetlm.training.checkpoint import CheckpointError
+from targetlm.training.trainer import RunDirError, TrainingDiverged
+
+EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, RunDirError, TrainingDiverged)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from targetlm.training import Trainer
+
+    config = config_lib.load(args.config, args.set)
+    run_dir = args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    results = Trainer(config, run_dir, resume=args.resume, log=lambda m: print(m, flush=True)).train()
+    if results.get("interrupted"):
+        return 130
+    print(f"test perplexity: {results['test']['ppl']:.2f}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from targetlm.inference import evaluate_stream
+    from targetlm.runs import load_run
+
+    config, vocab, model, _ = load_run(args.run_dir, args.set)
+    split = getattr(config.data, args.split)
+    tokens = read_split(config.data, split)
+    ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
+    segment = config.eval.segment or config.data.bptt
+    result = evaluate_stream(model, ids, config.eval.batch_size, segment, config.train.device)
+    result.update(
+        split=args.split, file=split, oov_rate=vocab.oov_rate(tokens),
+        batch_size=config.eval.batch_size, segment=segment,
+    )
+    context = getattr(model.encoder, "max_context", None)
+    if context is not None:
+        result["context"] = context
+        result["min_context"] = context - segment + 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"{args.split} ({split}): ppl {result['ppl']:.2f} over {result['tokens']:,} tokens, "
+            f"OOV rate {result['oov_rate']:.2%}"
+        )
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from targetlm.inference import generate
+    from targetlm.runs import load_run
+
+    config, vocab, model, _ = load_run(args.run_dir)
+    words = generate(
+        model, vocab, args.prompt.split(), args.max_tokens, args.temperature, args.top_k, args.seed,
+        config.train.device,
+    )
+    text = " ".join(args.prompt.split() + words).replace(" <eos> ", "\n").replace(" <eos>", "\n")
+    print(text.rstrip("\n"))
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from targetlm.modules import build_model
+
+    config = config_lib.load(args.config, args.set)
+    vocab = Vocabulary.build(read_split(config.data, config.data.train))
+    model = build_model(config.model, len(vocab))
+    params = model.parameter_counts()
+    total = sum(params.values())
+    if args.json:
+        print(json.dumps({"total_params": total, "params": params, "vocab_size": len(vocab)}))
+        return 0
+    print(f"vocabulary: {len(vocab):,} words ({config.data.name})")
+    parts = {"input_embedding": config.model.embedding, "encoder": config.model.encoder, "output": config.model.output}
+    for name, count in params.items():
+        kind = f" ({parts[name].kind})" if name in parts else ""
+        print(f"{name + kind:<32}{count:>14,}")
+    print(f"{'total':<32}{total:>14,}")
+    return 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from targetlm.data import download
+
+    spec = get_spec(args.name)
+    if args.action == "download":
+        path = download(args.name, Path(args.dir) if args.dir else None)
+        print(f"{args.name}: downloaded and verified into {path}")
+        return 0
+    base = config_lib.DataConfig(name=args.name, dir=args.dir)
+    print(f"{spec.name}: {spec.description}")
+    splits = {s: read_split(base, s) for s in spec.splits}
+    vocab = Vocabulary.build(splits["train"]) if "train" in splits else None
+    if vocab is not None:
+        print(f"vocabulary (train): {len(vocab):,}")
+    print(f"{'split':<18}{'tokens':>12}{'types':>10}" + (f"{'OOV rate':>10}" if vocab else ""))
+    for split, tokens in splits.items():
+        line = f"{split:<18}{len(tokens):>12,}{len(set(tokens)):>10,}"
+        if vocab is not None:
+            line += f"{vocab.oov_rate(tokens):>10.2%}"
+        print(line)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="targetlm", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model from a TOML config")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir exactly")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="perplexity of a trained run on a split")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("generate", help="sample text from a trained run")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=30)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.set_defaults(func=_generate)
+
+    p = sub.add_parser("describe", help="parameters per part of a configured model")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_describe)
+
+    p = sub.add_parser("data", help="dataset information and download")
+    p.add_argument("action", choices=["info", "download"])
+    p.add_argument("name", choices=sorted(DATASETS))
+    p.add_argument("--dir", help="dataset directory (info) or download target")
+    p.set_defaults(func=_data)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EXPECTED_ERRORS as error:
+        print(f"targetlm: error: {error}", file=sys.stderr)
+        return 3 if isinstance(error, TrainingDiverged) else 2
+    except OSError as error:
+        print(f"targetlm: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

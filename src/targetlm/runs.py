@@ -1,0 +1,60 @@
+"""The run directory: what a training run leaves behind, and loading it back.
+
+    RUN_DIR/
+      config.toml      the resolved config
+      vocab.txt        "word<TAB>count" per id
+      metrics.jsonl    one JSON object per logged step / validation
+      last.pt          resumable checkpoint (model, optimiser, schedule, position, RNG, carried state)
+      best.pt          the model with the best validation perplexity
+      results.json     final valid/test perplexity, parameters, wall time
+      report.md        the same as a report, with learning_curve.png
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from targetlm import config as config_lib
+from targetlm.config import Config
+from targetlm.data.vocab import Vocabulary
+from targetlm.modules.model import LanguageModel, build_model
+from targetlm.training.checkpoint import CheckpointError, load
+
+CONFIG, VOCAB, METRICS, LAST, BEST, RESULTS, REPORT = (
+    "config.toml", "vocab.txt", "metrics.jsonl", "last.pt", "best.pt", "results.json", "report.md",
+)
+
+
+def load_state_into(model: LanguageModel, state: dict, vocab: Vocabulary, where: str) -> None:
+    """Load a model state dict, with a clear error when it was trained with another vocabulary."""
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        raise CheckpointError(
+            f"{where}: the checkpoint does not fit a model for this vocabulary of {len(vocab)} words "
+            f"({str(error).splitlines()[0]})"
+        ) from None
+
+
+def load_run(run_dir: str | Path, overrides: list[str] = ()) -> tuple[Config, Vocabulary, LanguageModel, dict]:
+    """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet).
+
+    ``overrides`` (``--set``) change data/eval settings, e.g. ``data.dir`` or ``eval.batch_size``.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run directory not found: {run_dir}")
+    path = run_dir / BEST if (run_dir / BEST).is_file() else run_dir / LAST
+    checkpoint = load(path)
+    vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
+    if (run_dir / VOCAB).is_file() and Vocabulary.load(run_dir / VOCAB) != vocab:
+        raise CheckpointError(
+            f"{path}: its vocabulary ({len(vocab)} words) does not match {run_dir / VOCAB}"
+        )
+    config = config_lib.from_dict(config_lib.apply_overrides(checkpoint["config"], list(overrides)))
+    model = build_model(config.model, len(vocab))
+    load_state_into(model, checkpoint["model"], vocab, str(path))
+    model.eval()
+    return config, vocab, model.to(torch.device(config.train.device)), checkpoint

@@ -1,0 +1,72 @@
+"""Optimisers and learning-rate schedules.
+
+Schedules are small objects with a ``state_dict`` so a resumed run continues with
+exactly the learning rate (and plateau bookkeeping) it stopped with.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from targetlm.config import TrainConfig
+
+
+def build_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
+    parameters = [p for p in parameters if p.requires_grad]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
+    return kind(parameters, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
+
+
+class LrSchedule:
+    """The learning rate as a function of (step, epoch) and validation history.
+
+    - ``constant``: lr.
+    - ``epoch_decay``: lr · factor^max(epoch − decay_start, 0), epochs counted from 1
+      (Zaremba et al.: factor 0.5 after epoch 4; Inan et al.: 0.9).
+    - ``plateau``: lr · factor^k, k = number of validations that did not improve
+      on the best for ``patience`` consecutive evaluations (GroC: ×0.1).
+    - ``inverse_sqrt``: lr · step/warmup during warm-up, then lr · sqrt(warmup/step).
+    """
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        self.reductions = 0
+        self.best = math.inf
+        self.bad_evaluations = 0
+
+    def lr(self, step: int, epoch: int) -> float:
+        c = self.config
+        if c.schedule == "epoch_decay":
+            return c.lr * c.decay_factor ** max(epoch - c.decay_start, 0)
+        if c.schedule == "plateau":
+            return c.lr * c.decay_factor**self.reductions
+        if c.schedule == "inverse_sqrt":
+            step = max(step, 1)
+            return c.lr * min(step / c.warmup_steps, math.sqrt(c.warmup_steps / step))
+        return c.lr
+
+    def on_validation(self, loss: float) -> None:
+        if loss < self.best:
+            self.best, self.bad_evaluations = loss, 0
+            return
+        self.bad_evaluations += 1
+        if self.config.schedule == "plateau" and self.bad_evaluations > self.config.patience:
+            self.reductions += 1
+            self.bad_evaluations = 0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"reductions": self.reductions, "best": self.best, "bad_evaluations": self.bad_evaluations}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.reductions = int(state["reductions"])
+        self.best = float(state["best"])
+        self.bad_evaluations = int(state["bad_evaluations"])
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

@@ -1,0 +1,378 @@
+"""The training loop: one loop for every encoder, output layer and objective.
+
+Exact resume: ``last.pt`` holds everything the next step depends on (model,
+optimiser, schedule, position in the epoch, carried encoder state, RNG states),
+so an interrupted run that is resumed computes the same losses as one that was
+never interrupted (on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from targetlm import config as config_lib
+from targetlm import runs
+from targetlm.config import Config
+from targetlm.data import StreamBatches, Vocabulary, load_corpus, with_context_token
+from targetlm.inference.evaluate import evaluate_stream
+from targetlm.modules.model import build_model, detach_state, state_to_list
+from targetlm.objectives import OBJECTIVES
+from targetlm.registry import ConfigError
+from targetlm.training.checkpoint import CheckpointError, save_atomic
+from targetlm.training.checkpoint import load as load_checkpoint
+from targetlm.training.optim import LrSchedule, build_optimizer, set_lr
+
+# keys a resumed run may change: the budget and cosmetics, never the model or the data
+RESUMABLE_CHANGES = {"train.epochs", "train.max_steps", "train.progress", "train.threads", "train.log_every"}
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked (it would clobber a run, or there is nothing to resume)."""
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+class Trainer:
+    """Train ``config`` in ``run_dir`` (new and empty, or resumed with ``resume=True``)."""
+
+    def __init__(
+        self, config: Config, run_dir: str | Path, resume: bool = False, log: Callable[[str], None] = print
+    ) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir)
+        self.resume = resume
+        self.log = log
+        self.stop_requested = False
+        self._check_run_dir()
+
+    # --- setup ------------------------------------------------------------------------
+    def _check_run_dir(self) -> None:
+        if self.resume:
+            if not (self.run_dir / runs.LAST).is_file():
+                raise RunDirError(f"nothing to resume: {self.run_dir / runs.LAST} does not exist")
+            saved = config_lib.load(self.run_dir / runs.CONFIG).to_dict()
+            changed = {
+                key
+                for key, value in _flatten(self.config.to_dict()).items()
+                if _flatten(saved).get(key) != value
+            } | (set(_flatten(saved)) - set(_flatten(self.config.to_dict())))
+            if changed - RESUMABLE_CHANGES:
+                raise RunDirError(
+                    f"cannot resume {self.run_dir} with a different config: "
+                    f"{', '.join(sorted(changed - RESUMABLE_CHANGES))} changed "
+                    f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change)"
+                )
+        elif self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise RunDirError(
+                f"run directory {self.run_dir} exists and is not empty; "
+                "pass --resume to continue it or choose another --run-dir"
+            )
+
+    def _setup(self) -> None:
+        c = self.config
+        if c.train.threads:
+            torch.set_num_threads(c.train.threads)
+        torch.manual_seed(c.train.seed)
+        random.seed(c.train.seed)
+        self.device = torch.device(c.train.device)
+        self.corpus = load_corpus(c.data)
+        self.vocab: Vocabulary = self.corpus.vocab
+        ids = {
+            split: with_context_token(self.vocab.encode(tokens), self.vocab.eos_id)
+            for split, tokens in self.corpus.splits.items()
+        }
+        self.train_ids, self.valid_ids = ids[c.data.train], ids[c.data.valid]
+        self.test_ids = ids[c.data.test]
+        self.batches = StreamBatches(self.train_ids, c.data.batch_size, c.data.bptt, pad=False)
+        self.model = build_model(c.model, len(self.vocab)).to(self.device)
+        self.objective = OBJECTIVES.build(c.objective.kind, c.objective.options, "objective").to(self.device)
+        self.optimizer = build_optimizer(c.train, list(self.model.parameters()) + list(self.objective.parameters()))
+        self.schedule = LrSchedule(c.train)
+        self.epoch, self.batch_index, self.step = 1, 0, 0
+        self.best_valid, self.bad_evaluations = math.inf, 0
+        self._elapsed_before, self._session_start = 0.0, time.perf_counter()
+        self.state: Any = None
+
+    def _start_run_dir(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / runs.CONFIG).write_text(config_lib.dumps(self.config), encoding="utf-8")
+        self.vocab.save(self.run_dir / runs.VOCAB)
+        (self.run_dir / runs.METRICS).write_text("", encoding="utf-8")
+
+    def _restore(self) -> None:
+        checkpoint = load_checkpoint(self.run_dir / runs.LAST)
+        saved_vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
+        if saved_vocab != self.vocab:
+            raise CheckpointError(
+                f"{self.run_dir / runs.LAST}: checkpoint vocabulary ({len(saved_vocab)} words) does not "
+                f"match the training data's vocabulary ({len(self.vocab)} words)"
+            )
+        runs.load_state_into(self.model, checkpoint["model"], self.vocab, str(self.run_dir / runs.LAST))
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.schedule.load_state_dict(checkpoint["schedule"])
+        p = checkpoint["progress"]
+        self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
+        self.best_valid, self.bad_evaluations = p["best_valid"], p["bad_evaluations"]
+        self._elapsed_before, self._session_start = p["elapsed"], time.perf_counter()
+        self.state = checkpoint["state"]
+        if self.state is not None:
+            self.state = _to_device(self.state, self.device)
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        random.setstate(_as_tuple(checkpoint["rng"]["python"]))
+        # forget metrics logged after the checkpoint: they will be logged again
+        metrics = self.run_dir / runs.METRICS
+        kept = [
+            line for line in metrics.read_text(encoding="utf-8").splitlines()
+            if line and json.loads(line)["step"] <= self.step
+        ]
+        metrics.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        self.log(f"resumed {self.run_dir} at epoch {self.epoch}, step {self.step}")
+
+    def _checkpoint(self) -> None:
+        save_atomic(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(),
+                "progress": {
+                    "epoch": self.epoch, "batch_index": self.batch_index, "step": self.step,
+                    "best_valid": self.best_valid, "bad_evaluations": self.bad_evaluations,
+                    "elapsed": self.elapsed,
+                },
+                "state": state_to_list(detach_state(self.state)),
+                "rng": {"torch": torch.get_rng_state(), "python": _as_list(random.getstate())},
+                "vocab": self.vocab.state_dict(),
+                "config": self.config.to_dict(),
+            },
+            self.run_dir / runs.LAST,
+        )
+
+    def _save_best(self, valid_ppl: float) -> None:
+        save_atomic(
+            {
+                "model": self.model.state_dict(),
+                "vocab": self.vocab.state_dict(),
+                "config": self.config.to_dict(),
+                "valid_ppl": valid_ppl,
+                "step": self.step,
+            },
+            self.run_dir / runs.BEST,
+        )
+
+    def _write_metrics(self, record: dict[str, Any]) -> None:
+        with open(self.run_dir / runs.METRICS, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    # --- the loop ---------------------------------------------------------------------
+    def _order(self) -> list[int]:
+        if not self.config.data.shuffle:
+            return list(range(len(self.batches)))
+        generator = torch.Generator().manual_seed(self.config.train.seed * 100003 + self.epoch)
+        return torch.randperm(len(self.batches), generator=generator).tolist()
+
+    def _validate(self) -> bool:
+        """Validate, keep the best model, step the schedule; True when training should stop early."""
+        c = self.config
+        result = evaluate_stream(
+            self.model, self.valid_ids, c.eval.batch_size, c.eval.segment or c.data.bptt, self.device
+        )
+        self.schedule.on_validation(result["nll"])
+        improved = result["ppl"] < self.best_valid
+        if improved:
+            self.best_valid, self.bad_evaluations = result["ppl"], 0
+            self._save_best(result["ppl"])
+        else:
+            self.bad_evaluations += 1
+        self._write_metrics({"kind": "valid", "step": self.step, "epoch": self.epoch, "ppl": result["ppl"]})
+        self.log(
+            f"epoch {self.epoch} step {self.step}: valid ppl {result['ppl']:.2f}"
+            + (" (best)" if improved else f" (no improvement x{self.bad_evaluations})")
+        )
+        return bool(c.train.early_stopping) and self.bad_evaluations >= c.train.early_stopping
+
+    def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor, lr: float) -> tuple[float, int]:
+        c = self.config.train
+        set_lr(self.optimizer, lr)
+        state = detach_state(self.state) if c.carry_state else None
+        predicted, state = self.model(inputs.to(self.device), state)
+        weight, bias = self.model.output()
+        out = self.objective(predicted, targets.to(self.device), weight, bias)
+        loss = out.loss.detach().item()
+        if not math.isfinite(loss):
+            raise TrainingDiverged(
+                f"loss is {loss} at step {self.step + 1} (epoch {self.epoch}); training stopped. "
+                f"The last good checkpoint is kept in {self.run_dir}"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        if c.clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
+        self.optimizer.step()
+        self.state = state
+        return float(out.nll_sum), out.count
+
+    def train(self) -> dict[str, Any]:
+        """Run to the end of the budget; returns the final results (also written to the run dir)."""
+        self._setup()
+        if self.resume:
+            self._restore()
+        else:
+            self._start_run_dir()
+        c = self.config.train
+        previous = signal.signal(signal.SIGINT, self._on_interrupt) if _main_thread() else None
+        try:
+            self._loop()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if self.stop_requested:
+            self.log(f"interrupted: resumable checkpoint in {self.run_dir / runs.LAST} (use --resume)")
+            return {"interrupted": True, "step": self.step}
+        if c.max_steps and self.step >= c.max_steps and not self._finished_epochs():
+            self.log(f"stopped at max_steps={c.max_steps}; resumable checkpoint in {self.run_dir / runs.LAST}")
+        return self.finish()
+
+    def _finished_epochs(self) -> bool:
+        return self.epoch > self.config.train.epochs
+
+    def _on_interrupt(self, signum, frame) -> None:
+        if self.stop_requested:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.stop_requested = True
+
+    def _loop(self) -> None:
+        c = self.config.train
+        log_nll, log_count, log_start = 0.0, 0, time.perf_counter()
+        while self.epoch <= c.epochs:
+            order = self._order()
+            bar = tqdm(
+                total=len(order), initial=self.batch_index, disable=not c.progress,
+                desc=f"epoch {self.epoch}", leave=False, dynamic_ncols=True,
+            )
+            while self.batch_index < len(order):
+                if (c.max_steps and self.step >= c.max_steps) or self.stop_requested:
+                    bar.close()
+                    self._checkpoint()
+                    return
+                lr = self.schedule.lr(self.step + 1, self.epoch)
+                inputs, targets = self.batches[order[self.batch_index]]
+                nll, count = self._train_step(inputs, targets, lr)
+                self.step += 1
+                self.batch_index += 1
+                log_nll, log_count = log_nll + nll, log_count + count
+                bar.update(1)
+                if self.step % c.log_every == 0:
+                    seconds = time.perf_counter() - log_start
+                    record = {
+                        "kind": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
+                        "loss": log_nll / log_count, "ppl": math.exp(min(log_nll / log_count, 50)),
+                        "tok_s": log_count / max(seconds, 1e-9),
+                    }
+                    self._write_metrics(record)
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", ppl=f"{record['ppl']:.1f}",
+                                    tok_s=f"{record['tok_s']:.0f}", lr=f"{lr:.3g}")
+                    log_nll, log_count, log_start = 0.0, 0, time.perf_counter()
+                if c.eval_every and self.step % c.eval_every == 0:
+                    stop = self._validate()
+                    self._checkpoint()
+                    if stop:
+                        bar.close()
+                        self._stop_early()
+                        return
+                elif c.checkpoint_every and self.step % c.checkpoint_every == 0:
+                    self._checkpoint()
+            bar.close()
+            # end of an epoch: validate it, then move the position to the next one
+            stop = False if c.eval_every else self._validate()
+            self.epoch, self.batch_index, self.state = self.epoch + 1, 0, None
+            if not c.eval_every:
+                self._checkpoint()
+            if stop:
+                self._stop_early()
+                return
+
+    def _stop_early(self) -> None:
+        self.log(f"early stopping: no improvement in {self.config.train.early_stopping} validations")
+        self.epoch = self.config.train.epochs + 1
+
+    @property
+    def elapsed(self) -> float:
+        """Training wall time so far, across resumed sessions."""
+        return self._elapsed_before + time.perf_counter() - self._session_start
+
+    def finish(self) -> dict[str, Any]:
+        """Evaluate the best model on valid and test; write results.json and report.md."""
+        from targetlm.analysis.report import write_report
+
+        c = self.config
+        wall_time = self.elapsed
+        if (self.run_dir / runs.BEST).is_file():
+            best = load_checkpoint(self.run_dir / runs.BEST)
+            self.model.load_state_dict(best["model"])
+        segment = c.eval.segment or c.data.bptt
+        results: dict[str, Any] = {}
+        for name, ids in (("valid", self.valid_ids), ("test", self.test_ids)):
+            r = evaluate_stream(self.model, ids, c.eval.batch_size, segment, self.device)
+            results[name] = {"ppl": r["ppl"], "tokens": r["tokens"]}
+            results[name]["oov_rate"] = self.vocab.oov_rate(self.corpus.splits[getattr(c.data, name)])
+        results.update(
+            params=self.model.parameter_counts(), total_params=sum(self.model.parameter_counts().values()),
+            wall_time_s=wall_time, steps=self.step, vocab_size=len(self.vocab),
+        )
+        (self.run_dir / runs.RESULTS).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        write_report(self.run_dir, self.config, results)
+        self.log(
+            f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f} "
+            f"| {results['total_params']:,} parameters | {wall_time:.0f} s | report: {self.run_dir / runs.REPORT}"
+        )
+        return results
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _to_device(state: Any, device: torch.device) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    return [_to_device(s, device) for s in state]
+
+
+def _as_list(value: Any) -> Any:
+    return [_as_list(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
+def train(config: Config, run_dir: str | Path, resume: bool = False, **kwargs: Any) -> dict[str, Any]:
+    """Convenience: ``Trainer(config, run_dir, resume).train()``."""
+    if not isinstance(config, Config):
+        raise ConfigError("train() takes a targetlm.config.Config")
+    return Trainer(config, run_dir, resume, **kwargs).train()
