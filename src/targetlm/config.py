@@ -97,6 +97,10 @@ class TrainConfig:
     patience: int = 0
     warmup_steps: int = 0
     clip: float = 0.0  # max gradient norm; 0 disables
+    # mean: loss averaged over all target tokens; sum_over_time: summed over the T steps of a
+    # segment and averaged over the batch rows (Zaremba et al.'s TensorFlow code, whose lr = 1
+    # and clip = 5 assume it): T times the gradient of "mean"
+    loss_reduction: Literal["mean", "sum_over_time"] = "mean"
     epochs: int = 1
     max_steps: int = 0  # 0: no limit besides epochs
     early_stopping: int = 0  # stop after this many evaluations without improvement; 0 disables

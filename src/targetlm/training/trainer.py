@@ -227,7 +227,8 @@ class Trainer:
                 f"The last good checkpoint is kept in {self.run_dir}"
             )
         self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        scale = inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
+        (out.loss * scale).backward()
         if c.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
         self.optimizer.step()
