@@ -1,0 +1,507 @@
+"""Training and evaluation throughput of targetlm against a plain PyTorch loop of the same math.
+
+For each configuration the targetlm model (built by ``targetlm.modules.build_model``) and a
+reference model written here with stock ``torch.nn`` layers are timed in alternating rounds,
+so that machine noise hits both sides alike; each side's tokens/s is the median over rounds.
+
+* targetlm training runs ``Trainer._train_step`` itself (forward with the carried, detached
+  state, ``model.output()``, ``CrossEntropyObjective``, zero_grad, backward,
+  ``clip_grad_norm_``, SGD step) and evaluation runs ``evaluate_stream`` itself
+  (forward + loss under ``no_grad``, state carried across segments).
+* the reference does the same math the way a PyTorch user would write it: ``nn.Embedding``,
+  ``nn.LSTM(num_layers=2)`` or ``nn.TransformerEncoderLayer`` stacks, ``nn.Linear`` (or the
+  tied embedding), ``F.cross_entropy``, SGD with gradient clipping.
+
+All dropout is 0 and the data are random token ids with fixed seeds (no dataset needed).
+MFU is the model's matmul FLOP/s divided by an fp32 matmul peak measured in the same run.
+
+Usage::
+
+    python benchmarks/throughput.py [--quick] [--configs lstm-small,lstm-medium,tf-small]
+                                    [--threads N] [--json-out PATH]
+
+Prints a table, then one line ``JSON {...}`` with every ratio (targetlm / reference) and MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from targetlm.config import ComponentConfig, Config, DataConfig, ModelConfig, TrainConfig, validate
+from targetlm.data import StreamBatches
+from targetlm.inference.evaluate import evaluate_stream
+from targetlm.modules import build_model
+from targetlm.objectives import CrossEntropyObjective
+from targetlm.training.optim import build_optimizer
+from targetlm.training.trainer import Trainer
+
+VOCAB = 10_000
+SEED = 1234
+TRAIN_SEGMENTS = 8  # distinct training batches cycled through (the state keeps being carried)
+GOAL_RATIO = 1.0
+GOAL_LSTM_MFU = 0.60
+
+Mode = Literal["train", "eval"]
+StepRunner = Callable[[int], int]  # runs k steps, returns the number of target tokens processed
+
+
+# --- configurations ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    """One benchmarked configuration; dropout is 0 everywhere so both sides do the same math."""
+
+    name: str
+    encoder: Literal["lstm", "transformer"]
+    batch: int  # B rows
+    segment: int  # T: BPTT length (LSTM) or block length = max context (Transformer)
+    size: int  # embedding size = LSTM units = d_model
+    layers: int
+    init_range: float
+    lr: float  # SGD learning rate (constant)
+    clip: float  # max gradient norm
+    heads: int = 0
+    ff_size: int = 0
+
+    @property
+    def tied(self) -> bool:
+        return self.encoder == "transformer"  # Zaremba LSTMs are untied; the small TF is tied
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.segment
+
+    def model_config(self) -> ModelConfig:
+        """The targetlm model, as a config file would describe it."""
+        if self.encoder == "lstm":
+            return ModelConfig(
+                embedding=ComponentConfig("lookup", {"size": self.size, "init_range": self.init_range}),
+                encoder=ComponentConfig(
+                    "lstm",
+                    {
+                        "hidden_size": self.size, "num_layers": self.layers,
+                        "variational": False, "init_range": self.init_range,
+                    },
+                ),
+                output=ComponentConfig("lookup", {"init_range": self.init_range}),
+            )
+        return ModelConfig(
+            embedding=ComponentConfig("lookup", {"size": self.size, "init_range": self.init_range}),
+            encoder=ComponentConfig(
+                "transformer",
+                {
+                    "num_layers": self.layers, "num_heads": self.heads, "ff_size": self.ff_size,
+                    "dropout": 0.0, "max_context": self.segment, "positions": "learned",
+                },
+            ),
+            output=ComponentConfig("tied"),
+        )
+
+    def config(self) -> Config:
+        """The full targetlm config ``Trainer._train_step`` reads (SGD, constant lr, mean loss)."""
+        return Config(
+            data=DataConfig(batch_size=self.batch, bptt=self.segment),
+            model=self.model_config(),
+            train=TrainConfig(
+                optimizer="sgd", lr=self.lr, clip=self.clip, loss_reduction="mean",
+                carry_state=self.encoder == "lstm", progress=False, seed=SEED,
+            ),
+        )
+
+
+SPECS: dict[str, Spec] = {
+    # Zaremba et al. (2014) small: 200-d embedding, 2x200 LSTM, untied 10k output
+    "lstm-small": Spec("lstm-small", "lstm", 20, 35, 200, 2, init_range=0.1, lr=1.0, clip=5.0),
+    # Zaremba et al. (2014) medium: 2x650 LSTM, untied (its dropout 0.5 is off for timing)
+    "lstm-medium": Spec("lstm-medium", "lstm", 20, 35, 650, 2, init_range=0.05, lr=1.0, clip=5.0),
+    # Heo et al. small decoder Transformer: d 256, d_ff 2100, 6 layers, 4 heads, tied output
+    "tf-small": Spec(
+        "tf-small", "transformer", 16, 256, 256, 6, init_range=0.02, lr=0.1, clip=1.0,
+        heads=4, ff_size=2100,
+    ),
+}
+
+
+def forward_flops_per_token(spec: Spec) -> float:
+    """Matmul FLOPs of one forward pass per token (2 per multiply-add; training = 3x this).
+
+    LSTM: per layer 2·4H·(in + H) (the four gates); output 2·d·V. Transformer: 2 x the
+    matmul weights per layer (qkv 3d², projection d², feed-forward 2·d·d_ff), attention
+    2·2·T·d per layer (QKᵀ and AV, counted over the full T x T, PaLM's convention, although
+    the causal kernel only needs about half), output 2·d·V. Embedding lookups, norms,
+    nonlinearities and softmax are not matmuls and are not counted.
+    """
+    output = 2 * spec.size * VOCAB
+    if spec.encoder == "lstm":
+        sizes = [spec.size] * (spec.layers + 1)  # embedding = hidden size in these configs
+        return sum(2 * 4 * h * (i + h) for i, h in zip(sizes, sizes[1:])) + output
+    d = spec.size
+    per_layer = 2 * (4 * d * d + 2 * d * spec.ff_size) + 2 * 2 * spec.segment * d
+    return spec.layers * per_layer + output
+
+
+# --- reference models (plain PyTorch) ------------------------------------------------------
+LstmState = tuple[torch.Tensor, torch.Tensor]  # (h, c), each (layers, B, H)
+
+
+class ReferenceLstm(nn.Module):
+    """nn.Embedding -> nn.LSTM(num_layers, batch_first) -> nn.Linear, untied."""
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, spec.size)
+        self.lstm = nn.LSTM(spec.size, spec.size, num_layers=spec.layers, batch_first=True)
+        self.decoder = nn.Linear(spec.size, VOCAB)
+        for parameter in self.parameters():
+            nn.init.uniform_(parameter, -spec.init_range, spec.init_range)
+
+    def forward(self, tokens: torch.Tensor, state: LstmState | None) -> tuple[torch.Tensor, LstmState]:
+        hidden, state = self.lstm(self.embedding(tokens), state)  # (B, T, H)
+        return self.decoder(hidden), state  # logits (B, T, V)
+
+
+class ReferenceTransformer(nn.Module):
+    """Embedding + learned positions -> pre-LN nn.TransformerEncoderLayer x L (causal) -> LayerNorm
+    -> tied output with bias."""
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__()
+        d = spec.size
+        self.embedding = nn.Embedding(VOCAB, d)
+        nn.init.uniform_(self.embedding.weight, -spec.init_range, spec.init_range)
+        self.positions = nn.Parameter(torch.randn(spec.segment, d) * 0.02)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                d, spec.heads, spec.ff_size, dropout=0.0, activation="gelu",
+                batch_first=True, norm_first=True,
+            )
+            for _ in range(spec.layers)
+        )
+        self.norm = nn.LayerNorm(d)
+        self.bias = nn.Parameter(torch.zeros(VOCAB))
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(spec.segment), persistent=False)
+
+    def forward(self, tokens: torch.Tensor, state: None = None) -> tuple[torch.Tensor, None]:
+        length = tokens.size(1)
+        h = self.embedding(tokens) + self.positions[:length]  # (B, T, d)
+        mask = self.mask[:length, :length]
+        for layer in self.layers:
+            # is_causal lets attention use SDPA's causal kernel; the mask is still required
+            h = layer(h, src_mask=mask, is_causal=True)
+        return F.linear(self.norm(h), self.embedding.weight, self.bias), None  # (B, T, V)
+
+
+def build_reference(spec: Spec) -> nn.Module:
+    return ReferenceLstm(spec) if spec.encoder == "lstm" else ReferenceTransformer(spec)
+
+
+# --- data ----------------------------------------------------------------------------------
+def random_stream(spec: Spec, segments: int, seed: int) -> torch.Tensor:
+    """(B·T·segments + 1,) random ids: exactly ``segments`` full (B, T) segments, no padding."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(VOCAB, (spec.tokens_per_step * segments + 1,), generator=generator)
+
+
+def as_rows(ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's batchify: B contiguous rows, targets shifted by one. Each (B, L)."""
+    return ids[:-1].view(batch, -1), ids[1:].view(batch, -1)
+
+
+# --- the two sides -------------------------------------------------------------------------
+def targetlm_runners(spec: Spec, workdir: Path) -> dict[Mode, StepRunner]:
+    """targetlm's own training step and evaluation, on a Trainer whose data is our random stream."""
+    config = spec.config()
+    validate(config)
+    # The constructor only checks the (unused, non-existent) run directory; nothing is written.
+    trainer = Trainer(config, workdir / "unused-run", log=lambda _: None)
+    # What Trainer._setup sets, minus the corpus: exactly the attributes _train_step reads.
+    torch.manual_seed(SEED)
+    trainer.device = torch.device("cpu")
+    trainer.model = build_model(config.model, VOCAB)
+    trainer.objective = CrossEntropyObjective()
+    trainer.optimizer = build_optimizer(
+        config.train, list(trainer.model.parameters()) + list(trainer.objective.parameters())
+    )
+    trainer.epoch, trainer.step, trainer.state = 1, 0, None
+    batches = StreamBatches(random_stream(spec, TRAIN_SEGMENTS, SEED), spec.batch, spec.segment, pad=False)
+
+    def train(steps: int) -> int:
+        trainer.model.train()
+        tokens = 0
+        for _ in range(steps):
+            inputs, targets = batches[trainer.step % len(batches)]
+            _, count = trainer._train_step(inputs, targets, config.train.lr)
+            trainer.step += 1
+            tokens += count
+        return tokens
+
+    eval_streams: dict[int, torch.Tensor] = {}
+
+    def evaluate(steps: int) -> int:
+        ids = eval_streams.setdefault(steps, random_stream(spec, steps, SEED + 1))
+        return int(evaluate_stream(trainer.model, ids, spec.batch, spec.segment)["tokens"])
+
+    return {"train": train, "eval": evaluate}
+
+
+def reference_runners(spec: Spec) -> dict[Mode, StepRunner]:
+    """The plain PyTorch loop over the same random streams."""
+    torch.manual_seed(SEED)
+    model = build_reference(spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr)
+    carry = spec.encoder == "lstm"
+    train_inputs, train_targets = as_rows(random_stream(spec, TRAIN_SEGMENTS, SEED), spec.batch)
+    progress = {"step": 0, "state": None}
+
+    def train(steps: int) -> int:
+        model.train()
+        tokens = 0
+        for _ in range(steps):
+            start = progress["step"] % TRAIN_SEGMENTS * spec.segment
+            inputs = train_inputs[:, start : start + spec.segment]  # (B, T)
+            targets = train_targets[:, start : start + spec.segment]
+            state = progress["state"]
+            state = tuple(s.detach() for s in state) if carry and state is not None else None
+            logits, state = model(inputs, state)  # (B, T, V)
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), spec.clip)
+            optimizer.step()
+            loss.item()  # a real loop logs it (targetlm reads it too)
+            progress["step"] += 1
+            progress["state"] = state
+            tokens += targets.numel()
+        return tokens
+
+    eval_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def evaluate(steps: int) -> int:
+        inputs, targets = eval_rows.setdefault(steps, as_rows(random_stream(spec, steps, SEED + 1), spec.batch))
+        model.eval()
+        state, total = None, 0.0
+        for start in range(0, inputs.size(1), spec.segment):
+            logits, state = model(inputs[:, start : start + spec.segment], state)
+            y = targets[:, start : start + spec.segment]
+            total += F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="sum").item()
+        return targets.numel()
+
+    return {"train": train, "eval": evaluate}
+
+
+# --- measuring -----------------------------------------------------------------------------
+def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+    """Best fp32 FLOP/s of an n x n x n ``torch.matmul`` (the MFU denominator)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    torch.matmul(a, b, out=out)  # warm-up: thread pool, packing buffers
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def timed(runner: StepRunner, steps: int) -> tuple[float, int]:
+    """(seconds, tokens) of ``steps`` steps."""
+    start = time.perf_counter()
+    tokens = runner(steps)
+    return time.perf_counter() - start, tokens
+
+
+def interleaved(
+    sides: dict[str, StepRunner], rounds: int, warmup: int, round_seconds: float
+) -> dict[str, list[float]]:
+    """Tokens/s of each side per round, the sides alternating (ABBA order) so drift cancels.
+
+    The number of steps per round is calibrated from one timed step of each side so that a
+    round of one side lasts about ``round_seconds`` (``0``: one step, no calibration); both
+    sides run the same number of steps.
+    """
+    names = list(sides)
+    for name in names:
+        sides[name](warmup)  # first-call allocation, kernel selection, caches
+    steps = 1
+    if round_seconds > 0:
+        step_seconds = [timed(sides[name], 1)[0] for name in names]
+        steps = max(1, round(round_seconds / statistics.mean(step_seconds)))
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else reversed(names):
+            seconds, tokens = timed(sides[name], steps)
+            samples[name].append(tokens / seconds)
+    return samples
+
+
+@dataclass
+class Row:
+    """One table row: a configuration in one mode."""
+
+    config: str
+    mode: Mode
+    shape: str
+    flops_per_token: float  # model FLOPs per token in this mode (training: 3x forward)
+    tok_s: dict[str, float]  # median per side
+    spread: dict[str, float]  # (max - min) / median per side
+
+    @property
+    def ratio(self) -> float:
+        return self.tok_s["targetlm"] / self.tok_s["reference"]
+
+    def mfu(self, side: str, peak: float) -> float:
+        """Achieved model FLOP/s of one side over the measured peak."""
+        return self.tok_s[side] * self.flops_per_token / peak
+
+
+def measure(spec: Spec, rounds: int, warmup: int, round_seconds: float, workdir: Path) -> list[Row]:
+    """Both modes of one configuration, targetlm and reference interleaved."""
+    sides = {"targetlm": targetlm_runners(spec, workdir), "reference": reference_runners(spec)}
+    rows = []
+    for mode in ("train", "eval"):
+        start = time.perf_counter()
+        samples = interleaved({name: runners[mode] for name, runners in sides.items()}, rounds, warmup, round_seconds)
+        median = {name: statistics.median(values) for name, values in samples.items()}
+        rows.append(
+            Row(
+                config=spec.name,
+                mode=mode,
+                shape=f"{spec.batch}x{spec.segment}",
+                # backward = 2x forward (gradients of activations and of weights)
+                flops_per_token=forward_flops_per_token(spec) * (3 if mode == "train" else 1),
+                tok_s=median,
+                spread={name: (max(v) - min(v)) / median[name] for name, v in samples.items()},
+            )
+        )
+        log(f"  {spec.name} {mode}: ratio {rows[-1].ratio:.3f} ({time.perf_counter() - start:.1f} s)")
+    return rows
+
+
+# --- reporting -----------------------------------------------------------------------------
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def table(rows: list[Row], peak: float) -> str:
+    header = (
+        f"{'config':<12} {'mode':<5} {'BxT':>7} {'targetlm tok/s':>15} {'reference tok/s':>16} "
+        f"{'ratio':>6} {'MFU tlm':>8} {'MFU ref':>8} {'spread tlm/ref':>15}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r.config:<12} {r.mode:<5} {r.shape:>7} {r.tok_s['targetlm']:>15,.0f} "
+            f"{r.tok_s['reference']:>16,.0f} {r.ratio:>6.3f} {r.mfu('targetlm', peak):>8.1%} "
+            f"{r.mfu('reference', peak):>8.1%} {r.spread['targetlm']:>7.0%}/{r.spread['reference']:<7.0%}"
+        )
+    return "\n".join(lines)
+
+
+def summary(rows: list[Row], peak: float, args: argparse.Namespace, specs: list[Spec]) -> dict[str, Any]:
+    """The JSON object: every ratio and MFU, the measured peak, the goals."""
+    results: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        results.setdefault(r.config, {})[r.mode] = {
+            "ratio": round(r.ratio, 4),
+            "mfu_targetlm": round(r.mfu("targetlm", peak), 4),
+            "mfu_reference": round(r.mfu("reference", peak), 4),
+            "tok_s_targetlm": round(r.tok_s["targetlm"], 1),
+            "tok_s_reference": round(r.tok_s["reference"], 1),
+            "spread_targetlm": round(r.spread["targetlm"], 4),
+            "spread_reference": round(r.spread["reference"], 4),
+        }
+    lstm_mfu = [r.mfu("targetlm", peak) for r in rows if r.config.startswith("lstm")]
+    return {
+        "results": results,
+        "shapes": {s.name: {"batch": s.batch, "segment": s.segment} for s in specs},
+        "peak_gflops": round(peak / 1e9, 2),
+        "min_ratio": round(min(r.ratio for r in rows), 4),
+        "goals": {
+            "ratio_ge_1": all(r.ratio >= GOAL_RATIO for r in rows),
+            "lstm_mfu_ge_0.6": bool(lstm_mfu) and min(lstm_mfu) >= GOAL_LSTM_MFU,
+        },
+        "threads": torch.get_num_threads(),
+        "quick": args.quick,
+        "rounds": args.rounds,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "attention_flops": "full T x T",
+    }
+
+
+# --- command line --------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few steps only (smoke test, < 60 s)")
+    parser.add_argument("--configs", default=",".join(SPECS), help=f"comma-separated subset of {', '.join(SPECS)}")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
+    parser.add_argument("--rounds", type=int, help="timed rounds per side (default 5; --quick: 2)")
+    parser.add_argument("--round-seconds", type=float, help="target length of one round of one side (default 2; --quick: 0 = 1 step)")
+    parser.add_argument("--tf-shape", help="Transformer batch x block, e.g. 16x256 (default; --quick: 4x64)")
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    if args.round_seconds is None:
+        args.round_seconds = 0.0 if args.quick else 2.0
+    args.tf_shape = args.tf_shape or ("4x64" if args.quick else "16x256")
+    unknown = [name for name in args.configs.split(",") if name not in SPECS]
+    if unknown:
+        parser.error(f"unknown config(s) {', '.join(unknown)}; choose from {', '.join(SPECS)}")
+    try:
+        args.tf_batch, args.tf_block = (int(x) for x in args.tf_shape.lower().split("x"))
+    except ValueError:
+        parser.error(f"--tf-shape {args.tf_shape!r}: expected BxT, e.g. 16x256")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    specs = [SPECS[name] for name in args.configs.split(",")]
+    specs = [
+        dataclasses.replace(s, batch=args.tf_batch, segment=args.tf_block) if s.encoder == "transformer" else s
+        for s in specs
+    ]
+    warmup = 1 if args.quick else 2
+    peak_repeats = 3 if args.quick else 5
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads; measuring the fp32 matmul peak ...")
+    peak = matmul_peak(repeats=peak_repeats)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in specs:
+            rows += measure(spec, args.rounds, warmup, args.round_seconds, Path(tmp))
+    peak = max(peak, matmul_peak(repeats=peak_repeats))  # again at the end: the best seen
+    result = summary(rows, peak, args, specs)
+    print(table(rows, peak))
+    print(
+        f"\nfp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, best of {2 * peak_repeats}); "
+        f"{args.rounds} rounds per side, median tok/s; attention FLOPs over the full T x T; "
+        "spread = (max - min) / median over rounds"
+    )
+    line = json.dumps(result, separators=(",", ":"))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print("JSON " + line)
+    return result
+
+
+
+if __name__ == "__main__":
+    main()

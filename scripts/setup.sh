@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up targetlm in ./.venv: torch 2.13.0 first (the CPU wheel; pinned so pip never
+# resolves a multi-GB CUDA build), then the project with its test tools.
+# Usage: bash scripts/setup.sh        (idempotent; PYTHON=python3.x to choose the interpreter)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[test]"
