@@ -116,11 +116,12 @@ def _data(args: argparse.Namespace) -> int:
     vocab = Vocabulary.build(splits["train"]) if "train" in splits else None
     if vocab is not None:
         print(f"vocabulary (train): {len(vocab):,}")
-    print(f"{'split':<18}{'tokens':>12}{'types':>10}" + (f"{'OOV rate':>10}" if vocab else ""))
+    header = f"{'split':<18}{'tokens':>12}{'types':>10}"
+    print(header + (f"{'OOV rate':>10}{'unigram ppl':>13}" if vocab else ""))
     for split, tokens in splits.items():
         line = f"{split:<18}{len(tokens):>12,}{len(set(tokens)):>10,}"
         if vocab is not None:
-            line += f"{vocab.oov_rate(tokens):>10.2%}"
+            line += f"{vocab.oov_rate(tokens):>10.2%}{vocab.unigram_perplexity(tokens):>13.1f}"
         print(line)
     return 0
 

@@ -53,12 +53,14 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
         f"Data `{config.data.name}` · encoder `{config.model.encoder.kind}` · output "
         f"`{config.model.output.kind}` · objective `{config.objective.kind}` · vocabulary {results['vocab_size']:,}",
         "",
-        "| split | perplexity | tokens | OOV rate |",
-        "|---|---:|---:|---:|",
+        "| split | perplexity | unigram perplexity | tokens | OOV rate |",
+        "|---|---:|---:|---:|---:|",
     ]
     for split in ("valid", "test"):
         r = results[split]
-        lines.append(f"| {split} | {r['ppl']:.2f} | {r['tokens']:,} | {r['oov_rate']:.2%} |")
+        lines.append(
+            f"| {split} | {r['ppl']:.2f} | {r['unigram_ppl']:.2f} | {r['tokens']:,} | {r['oov_rate']:.2%} |"
+        )
     lines += ["", "| part | parameters |", "|---|---:|"]
     lines += [f"| {part} | {count:,} |" for part, count in results["params"].items()]
     lines += [f"| **total** | **{results['total_params']:,}** |", ""]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -109,6 +110,18 @@ class Vocabulary:
         if not tokens:
             return 0.0
         return sum(t not in self.stoi for t in tokens) / len(tokens)
+
+    def unigram_perplexity(self, tokens: Sequence[str]) -> float:
+        """Perplexity of ``tokens`` under the add-one-smoothed unigram model of the training counts.
+
+        The reference a language model must beat: p(w) = (count(w) + 1) / (N + |V|), OOV words
+        scored as ``<unk>``.
+        """
+        total = sum(self.counts) + len(self)
+        log_probs = [math.log(c + 1) - math.log(total) for c in self.counts]
+        unk = self.unk_id
+        nll = -sum(log_probs[self.stoi.get(t, unk)] for t in tokens)
+        return math.exp(nll / max(len(tokens), 1))
 
     # --- persistence: one "word<TAB>count" line per id -------------------------
     def to_lines(self) -> str:

@@ -21,24 +21,36 @@ class LookupEmbedding(nn.Module):
         dropout: embedding dropout (Gal & Ghahramani 2016): drops whole word types,
             the same types at every position of the batch, in training.
         init_range: uniform(-r, r) initialisation; None gives N(0, 1) (PyTorch's default).
+        unit_norm: constrain every row to unit L2 norm (Inan et al.'s subspace analysis);
+            the rows are normalised in the forward pass, so the constraint holds exactly.
     """
 
     def __init__(
-        self, vocab_size: int, size: int = 200, dropout: float = 0.0, init_range: float | None = None
+        self,
+        vocab_size: int,
+        size: int = 200,
+        dropout: float = 0.0,
+        init_range: float | None = None,
+        unit_norm: bool = False,
     ) -> None:
         super().__init__()
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.size = size
         self.dropout = dropout
+        self.unit_norm = unit_norm
         self.weight = nn.Parameter(torch.empty(vocab_size, size))
         if init_range is None:
             nn.init.normal_(self.weight)
         else:
             nn.init.uniform_(self.weight, -init_range, init_range)
 
+    def table(self) -> torch.Tensor:
+        """The effective (V, size) table: the weight, row-normalised when ``unit_norm``."""
+        return F.normalize(self.weight, dim=1) if self.unit_norm else self.weight
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
+        weight = self.table()
         if self.training and self.dropout > 0:
             keep = weight.new_empty(weight.size(0), 1).bernoulli_(1 - self.dropout)
             weight = weight * keep / (1 - self.dropout)

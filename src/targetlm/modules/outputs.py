@@ -68,4 +68,4 @@ class TiedOutput(OutputLayer):
         self.bias = nn.Parameter(torch.zeros(embedding.weight.size(0))) if bias else None
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.embedding[0].weight, self.bias
+        return self.embedding[0].table(), self.bias

@@ -6,23 +6,11 @@ targets (B, T) with ``IGNORE`` for padding, weight (V, d), bias (V,) or None.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from targetlm import functional
-from targetlm.registry import Registry
-
-OBJECTIVES: Registry[nn.Module] = Registry("objective")
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor  # scalar to back-propagate (mean over scored positions)
-    nll_sum: torch.Tensor  # summed next-word negative log-likelihood, detached (perplexity)
-    count: int  # scored positions
-
+from targetlm.objectives.base import OBJECTIVES, LossOutput
 
 @OBJECTIVES.register("cross_entropy")
 class CrossEntropyObjective(nn.Module):
@@ -46,4 +34,6 @@ class CrossEntropyObjective(nn.Module):
         return LossOutput(loss, nll_sum, count)
 
 
-__all__ = ["OBJECTIVES", "CrossEntropyObjective", "LossOutput"]
+from targetlm.objectives.augmented import AugmentedLossObjective  # noqa: E402  (registers "augmented")
+
+__all__ = ["OBJECTIVES", "AugmentedLossObjective", "CrossEntropyObjective", "LossOutput"]

@@ -338,7 +338,9 @@ class Trainer:
         for name, ids in (("valid", self.valid_ids), ("test", self.test_ids)):
             r = evaluate_stream(self.model, ids, c.eval.batch_size, segment, self.device)
             results[name] = {"ppl": r["ppl"], "tokens": r["tokens"]}
-            results[name]["oov_rate"] = self.vocab.oov_rate(self.corpus.splits[getattr(c.data, name)])
+            tokens = self.corpus.splits[getattr(c.data, name)]
+            results[name]["oov_rate"] = self.vocab.oov_rate(tokens)
+            results[name]["unigram_ppl"] = self.vocab.unigram_perplexity(tokens)
         results.update(
             params=self.model.parameter_counts(), total_params=sum(self.model.parameter_counts().values()),
             wall_time_s=wall_time, steps=self.step, vocab_size=len(self.vocab),

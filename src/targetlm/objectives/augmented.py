@@ -1,0 +1,67 @@
+"""The augmented loss of Inan, Khosravi & Socher (2017)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from targetlm import functional
+from targetlm.data.batching import IGNORE
+from targetlm.objectives.base import OBJECTIVES, LossOutput
+
+
+@OBJECTIVES.register("augmented")
+class AugmentedLossObjective(nn.Module):
+    """``J + α·KL(ỹ ‖ ŷ)`` (AL; eq. 3.3), or the analysis form ``β·τ²·|V|·J_aug + (1−β)·J``.
+
+    J is the (optionally label-smoothed) cross entropy; ``J_aug`` the mean KL term of
+    :func:`targetlm.functional.augmented_kl`. Works with every output layer: it only
+    needs ``E_out``.
+
+    Args:
+        tau: temperature τ (paper: 20).
+        gamma: α = γ·τ when ``alpha`` is not given (paper: 0.5-0.8 on PTB, 1.0-1.5 on WikiText-2).
+        alpha: the KL weight, overriding γ·τ.
+        beta: use the analysis form with this β in [0, 1] instead of J + α·KL.
+        label_smoothing: ε of the cross-entropy term.
+        detach_target: treat ỹ as a constant (the paper's analysis); false lets gradients
+            reach ``E_out`` through ỹ as well.
+    """
+
+    def __init__(
+        self,
+        tau: float = 20.0,
+        gamma: float = 0.5,
+        alpha: float | None = None,
+        beta: float | None = None,
+        label_smoothing: float = 0.0,
+        detach_target: bool = True,
+    ) -> None:
+        super().__init__()
+        if tau <= 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        if beta is not None and not 0 <= beta <= 1:
+            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        if not 0 <= label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        self.tau = tau
+        self.alpha = gamma * tau if alpha is None else alpha
+        self.beta = beta
+        self.label_smoothing = label_smoothing
+        self.detach_target = detach_target
+
+    def forward(
+        self, predicted: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> LossOutput:
+        logits = functional.logits(predicted.reshape(-1, predicted.size(-1)), weight, bias)
+        targets = targets.reshape(-1)
+        ce, nll_sum, count = functional.cross_entropy(logits, targets, self.label_smoothing)
+        mask = targets != IGNORE
+        if count == 0:
+            return LossOutput(ce, nll_sum, count)
+        kl = functional.augmented_kl(logits[mask], targets[mask], weight, self.tau, self.detach_target).mean()
+        if self.beta is None:
+            loss = ce + self.alpha * kl
+        else:
+            loss = self.beta * self.tau**2 * weight.size(0) * kl + (1 - self.beta) * ce
+        return LossOutput(loss, nll_sum, count)

@@ -1,0 +1,114 @@
+"""Inan et al. (2017): augmented loss, its gradient (eq. 3.4), the subspace distance (App. B)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_config
+from targetlm import functional
+from targetlm.modules import OUTPUT_LAYERS
+from targetlm.objectives import AugmentedLossObjective, CrossEntropyObjective
+from targetlm.training import Trainer
+
+
+def _inputs(n=6, v=9, d=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, v, generator=g), torch.randint(v, (n,), generator=g), torch.randn(v, d, generator=g)
+
+
+def test_alpha_zero_is_cross_entropy():
+    logits, targets, embeddings = _inputs()
+    torch.testing.assert_close(
+        functional.augmented_loss(logits, targets, embeddings, tau=20.0, alpha=0.0), F.cross_entropy(logits, targets)
+    )
+
+
+def test_kl_is_non_negative_and_zero_when_prediction_matches_target():
+    logits, targets, embeddings = _inputs(n=50)
+    assert (functional.augmented_kl(logits, targets, embeddings, 3.0) >= -1e-6).all()
+    matching = embeddings[targets] @ embeddings.t()  # logits equal to the similarity: ŷ = ỹ
+    torch.testing.assert_close(functional.augmented_kl(matching, targets, embeddings, 3.0), torch.zeros(50), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("tau,alpha", [(1.0, 0.5), (20.0, 10.0), (5.0, 2.0)])
+def test_augmented_loss_equals_a_straightforward_computation(tau, alpha):
+    logits, targets, embeddings = _inputs()
+    expected = 0.0
+    for i in range(len(targets)):
+        y = int(targets[i])
+        p = [math.exp(float(z)) for z in logits[i]]
+        ce = -math.log(p[y] / sum(p))
+        y_hat = [math.exp(float(z) / tau) for z in logits[i]]
+        y_hat = [q / sum(y_hat) for q in y_hat]
+        sim = [math.exp(float(embeddings[y] @ embeddings[v]) / tau) for v in range(len(embeddings))]
+        y_tilde = [s / sum(sim) for s in sim]
+        kl = sum(t * math.log(t / q) for t, q in zip(y_tilde, y_hat))
+        expected += (ce + alpha * kl) / len(targets)
+    got = functional.augmented_loss(logits, targets, embeddings, tau, alpha)
+    assert math.isclose(float(got), expected, rel_tol=1e-5)
+
+
+def test_kl_gradient_wrt_logits_is_paper_eq_3_4():
+    logits, targets, embeddings = _inputs(n=3, v=5)
+    logits = logits.double().requires_grad_()
+    tau = 4.0
+    kl = functional.augmented_kl(logits, targets, embeddings.double(), tau)
+    kl.sum().backward()
+    y_hat = torch.softmax(logits.detach() / tau, -1)
+    y_tilde = torch.softmax(embeddings.double()[targets] @ embeddings.double().t() / tau, -1)
+    torch.testing.assert_close(logits.grad, (y_hat - y_tilde) / tau)
+
+
+def test_target_is_detached_by_default():
+    logits, targets, embeddings = _inputs()
+    logits.requires_grad_()
+    embeddings.requires_grad_()
+    functional.augmented_kl(logits, targets, embeddings, 2.0).sum().backward()
+    assert embeddings.grad is None or torch.count_nonzero(embeddings.grad) == 0
+    functional.augmented_kl(logits, targets, embeddings, 2.0, detach_target=False).sum().backward()
+    assert torch.count_nonzero(embeddings.grad) > 0
+
+
+def test_objective_forms():
+    torch.manual_seed(0)
+    predicted, targets, weight, bias = torch.randn(2, 3, 4), torch.randint(9, (2, 3)), torch.randn(9, 4), torch.randn(9)
+    ce = CrossEntropyObjective()(predicted, targets, weight, bias)
+    zero = AugmentedLossObjective(alpha=0.0)(predicted, targets, weight, bias)
+    torch.testing.assert_close(zero.loss, ce.loss)
+    torch.testing.assert_close(zero.nll_sum, ce.nll_sum)  # perplexity stays next-word NLL
+    al = AugmentedLossObjective(tau=20.0, gamma=0.5)
+    assert al.alpha == 10.0
+    logits = F.linear(predicted.reshape(-1, 4), weight, bias)
+    kl = functional.augmented_kl(logits, targets.reshape(-1), weight, 20.0).mean()
+    torch.testing.assert_close(al(predicted, targets, weight, bias).loss, ce.loss + 10.0 * kl)
+    beta = AugmentedLossObjective(tau=10.0, beta=0.25)(predicted, targets, weight, bias).loss
+    kl10 = functional.augmented_kl(logits, targets.reshape(-1), weight, 10.0).mean()
+    torch.testing.assert_close(beta, 0.25 * 100 * 9 * kl10 + 0.75 * ce.loss)
+    torch.testing.assert_close(AugmentedLossObjective(beta=0.0)(predicted, targets, weight, bias).loss, ce.loss)
+
+
+def test_subspace_distance():
+    torch.manual_seed(0)
+    x = torch.randn(40, 6)
+    mixed = x @ torch.randn(6, 6)  # an invertible recombination of the columns
+    assert float(functional.subspace_distance(x, mixed)) < 1e-6
+    q = torch.linalg.qr(torch.randn(40, 12)).Q
+    assert math.isclose(float(functional.subspace_distance(q[:, :6], q[:, 6:])), 1.0, rel_tol=1e-9)
+    y = torch.randn(40, 6)
+    assert math.isclose(float(functional.subspace_distance(x, y)), float(functional.subspace_distance(y, x)), rel_tol=1e-9)
+    assert 0.0 < float(functional.subspace_distance(x, y)) < 1.0
+
+
+@pytest.mark.parametrize("output", OUTPUT_LAYERS.names())
+def test_augmented_loss_trains_with_every_output_layer(tmp_path, output):
+    config = tiny_config(**{
+        "objective": '{kind = "augmented", tau = 2.0, gamma = 0.5}',
+        "model.output": f'{{kind = "{output}"}}', "train.epochs": 2, "train.optimizer": '"adam"', "train.lr": 0.01,
+    })
+    results = Trainer(config, tmp_path / "run", log=lambda m: None).train()
+    assert math.isfinite(results["test"]["ppl"])
+    assert results["test"]["ppl"] < 0.75 * results["vocab_size"]  # it learned: well below a uniform guess
