@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -54,6 +55,7 @@ from targetlm.training.trainer import Trainer
 VOCAB = 10_000
 SEED = 1234
 TRAIN_SEGMENTS = 8  # distinct training batches cycled through (the state keeps being carried)
+WARMUP_STEPS = 1  # untimed; full runs add one more untimed step to calibrate the round length
 GOAL_RATIO = 1.0
 GOAL_LSTM_MFU = 0.60
 
@@ -79,15 +81,11 @@ class Spec:
     ff_size: int = 0
 
     @property
-    def tied(self) -> bool:
-        return self.encoder == "transformer"  # Zaremba LSTMs are untied; the small TF is tied
-
-    @property
     def tokens_per_step(self) -> int:
         return self.batch * self.segment
 
     def model_config(self) -> ModelConfig:
-        """The targetlm model, as a config file would describe it."""
+        """The targetlm model, as a config file would describe it (LSTMs untied, TF tied)."""
         if self.encoder == "lstm":
             return ModelConfig(
                 embedding=ComponentConfig("lookup", {"size": self.size, "init_range": self.init_range}),
@@ -170,7 +168,9 @@ class ReferenceLstm(nn.Module):
         for parameter in self.parameters():
             nn.init.uniform_(parameter, -spec.init_range, spec.init_range)
 
-    def forward(self, tokens: torch.Tensor, state: LstmState | None) -> tuple[torch.Tensor, LstmState]:
+    def forward(
+        self, tokens: torch.Tensor, state: LstmState | None
+    ) -> tuple[torch.Tensor, LstmState]:
         hidden, state = self.lstm(self.embedding(tokens), state)  # (B, T, H)
         return self.decoder(hidden), state  # logits (B, T, V)
 
@@ -194,7 +194,8 @@ class ReferenceTransformer(nn.Module):
         )
         self.norm = nn.LayerNorm(d)
         self.bias = nn.Parameter(torch.zeros(VOCAB))
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(spec.segment), persistent=False)
+        mask = nn.Transformer.generate_square_subsequent_mask(spec.segment)  # (T, T), -inf above
+        self.register_buffer("mask", mask, persistent=False)
 
     def forward(self, tokens: torch.Tensor, state: None = None) -> tuple[torch.Tensor, None]:
         length = tokens.size(1)
@@ -223,86 +224,119 @@ def as_rows(ids: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # --- the two sides -------------------------------------------------------------------------
-def targetlm_runners(spec: Spec, workdir: Path) -> dict[Mode, StepRunner]:
-    """targetlm's own training step and evaluation, on a Trainer whose data is our random stream."""
-    config = spec.config()
-    validate(config)
-    # The constructor only checks the (unused, non-existent) run directory; nothing is written.
-    trainer = Trainer(config, workdir / "unused-run", log=lambda _: None)
-    # What Trainer._setup sets, minus the corpus: exactly the attributes _train_step reads.
-    torch.manual_seed(SEED)
-    trainer.device = torch.device("cpu")
-    trainer.model = build_model(config.model, VOCAB)
-    trainer.objective = CrossEntropyObjective()
-    trainer.optimizer = build_optimizer(
-        config.train, list(trainer.model.parameters()) + list(trainer.objective.parameters())
-    )
-    trainer.epoch, trainer.step, trainer.state = 1, 0, None
-    batches = StreamBatches(random_stream(spec, TRAIN_SEGMENTS, SEED), spec.batch, spec.segment, pad=False)
+class Side:
+    """One side of the comparison: ``train(k)`` / ``evaluate(k)`` run k segments, return tokens."""
 
-    def train(steps: int) -> int:
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self._eval_streams: dict[int, torch.Tensor] = {}
+
+    def eval_stream(self, segments: int) -> torch.Tensor:
+        """The same random evaluation stream for both sides, made outside the timed call."""
+        if segments not in self._eval_streams:
+            self._eval_streams[segments] = random_stream(self.spec, segments, SEED + 1)
+        return self._eval_streams[segments]
+
+    def runners(self) -> dict[Mode, StepRunner]:
+        return {"train": self.train, "eval": self.evaluate}
+
+    def train(self, steps: int) -> int:
+        raise NotImplementedError
+
+    def evaluate(self, steps: int) -> int:
+        raise NotImplementedError
+
+
+class TargetlmSide(Side):
+    """targetlm's own code: ``Trainer._train_step`` and ``evaluate_stream``, on random streams."""
+
+    def __init__(self, spec: Spec, workdir: Path) -> None:
+        super().__init__(spec)
+        config = spec.config()
+        validate(config)
+        # The constructor only checks the (non-existent) run directory; nothing is written.
+        self.trainer = trainer = Trainer(config, workdir / "unused-run", log=lambda _: None)
+        # What Trainer._setup sets, minus the corpus: the attributes _train_step reads.
+        torch.manual_seed(SEED)
+        trainer.device = torch.device("cpu")
+        trainer.model = build_model(config.model, VOCAB)
+        trainer.objective = CrossEntropyObjective()
+        trainer.optimizer = build_optimizer(
+            config.train, list(trainer.model.parameters()) + list(trainer.objective.parameters())
+        )
+        trainer.epoch, trainer.step, trainer.state = 1, 0, None
+        # the batches Trainer._setup would make from a training split
+        stream = random_stream(spec, TRAIN_SEGMENTS, SEED)
+        self.batches = StreamBatches(stream, spec.batch, spec.segment, pad=False)
+
+    def train(self, steps: int) -> int:
+        trainer = self.trainer
         trainer.model.train()
         tokens = 0
-        for _ in range(steps):
-            inputs, targets = batches[trainer.step % len(batches)]
-            _, count = trainer._train_step(inputs, targets, config.train.lr)
+        for _ in range(steps):  # Trainer._loop, without logging, validation and checkpoints
+            inputs, targets = self.batches[trainer.step % len(self.batches)]  # (B, T) each
+            _, count = trainer._train_step(inputs, targets, trainer.config.train.lr)
             trainer.step += 1
             tokens += count
         return tokens
 
-    eval_streams: dict[int, torch.Tensor] = {}
-
-    def evaluate(steps: int) -> int:
-        ids = eval_streams.setdefault(steps, random_stream(spec, steps, SEED + 1))
-        return int(evaluate_stream(trainer.model, ids, spec.batch, spec.segment)["tokens"])
-
-    return {"train": train, "eval": evaluate}
+    def evaluate(self, steps: int) -> int:
+        ids = self.eval_stream(steps)
+        result = evaluate_stream(self.trainer.model, ids, self.spec.batch, self.spec.segment)
+        return int(result["tokens"])
 
 
-def reference_runners(spec: Spec) -> dict[Mode, StepRunner]:
-    """The plain PyTorch loop over the same random streams."""
-    torch.manual_seed(SEED)
-    model = build_reference(spec)
-    optimizer = torch.optim.SGD(model.parameters(), lr=spec.lr)
-    carry = spec.encoder == "lstm"
-    train_inputs, train_targets = as_rows(random_stream(spec, TRAIN_SEGMENTS, SEED), spec.batch)
-    progress = {"step": 0, "state": None}
+class ReferenceSide(Side):
+    """The plain PyTorch loop, as a PyTorch user would write it, over the same random streams.
 
-    def train(steps: int) -> int:
+    In evaluation ``nn.TransformerEncoderLayer`` takes PyTorch's fused inference fast path
+    (``torch._transformer_encoder_layer_fwd``): that is what plain PyTorch gives.
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        super().__init__(spec)
+        torch.manual_seed(SEED)
+        self.model = build_reference(spec)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=spec.lr)
+        self.carry = spec.encoder == "lstm"  # the Transformer trains on independent blocks
+        self.state: LstmState | None = None
+        self.step = 0
+        self.inputs, self.targets = as_rows(random_stream(spec, TRAIN_SEGMENTS, SEED), spec.batch)
+
+    def train(self, steps: int) -> int:
+        model, optimizer, T = self.model, self.optimizer, self.spec.segment
         model.train()
         tokens = 0
         for _ in range(steps):
-            start = progress["step"] % TRAIN_SEGMENTS * spec.segment
-            inputs = train_inputs[:, start : start + spec.segment]  # (B, T)
-            targets = train_targets[:, start : start + spec.segment]
-            state = progress["state"]
-            state = tuple(s.detach() for s in state) if carry and state is not None else None
+            start = self.step % TRAIN_SEGMENTS * T
+            inputs = self.inputs[:, start : start + T]  # (B, T)
+            targets = self.targets[:, start : start + T]
+            state = None
+            if self.carry and self.state is not None:
+                state = tuple(s.detach() for s in self.state)  # truncated BPTT
             logits, state = model(inputs, state)  # (B, T, V)
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), spec.clip)
+            nn.utils.clip_grad_norm_(model.parameters(), self.spec.clip)
             optimizer.step()
             loss.item()  # a real loop logs it (targetlm reads it too)
-            progress["step"] += 1
-            progress["state"] = state
+            self.state, self.step = state, self.step + 1
             tokens += targets.numel()
         return tokens
 
-    eval_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
     @torch.no_grad()
-    def evaluate(steps: int) -> int:
-        inputs, targets = eval_rows.setdefault(steps, as_rows(random_stream(spec, steps, SEED + 1), spec.batch))
-        model.eval()
+    def evaluate(self, steps: int) -> int:
+        inputs, targets = as_rows(self.eval_stream(steps), self.spec.batch)  # (B, steps·T) views
+        T = self.spec.segment
+        self.model.eval()
         state, total = None, 0.0
-        for start in range(0, inputs.size(1), spec.segment):
-            logits, state = model(inputs[:, start : start + spec.segment], state)
-            y = targets[:, start : start + spec.segment]
-            total += F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="sum").item()
+        for start in range(0, inputs.size(1), T):
+            logits, state = self.model(inputs[:, start : start + T], state)  # (B, T, V)
+            y = targets[:, start : start + T]
+            nll = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="sum")
+            total += nll.item()
         return targets.numel()
-
-    return {"train": train, "eval": evaluate}
 
 
 # --- measuring -----------------------------------------------------------------------------
@@ -327,7 +361,7 @@ def timed(runner: StepRunner, steps: int) -> tuple[float, int]:
 
 
 def interleaved(
-    sides: dict[str, StepRunner], rounds: int, warmup: int, round_seconds: float
+    sides: dict[str, StepRunner], rounds: int, round_seconds: float
 ) -> dict[str, list[float]]:
     """Tokens/s of each side per round, the sides alternating (ABBA order) so drift cancels.
 
@@ -337,7 +371,7 @@ def interleaved(
     """
     names = list(sides)
     for name in names:
-        sides[name](warmup)  # first-call allocation, kernel selection, caches
+        sides[name](WARMUP_STEPS)  # first-call allocation, kernel selection, caches
     steps = 1
     if round_seconds > 0:
         step_seconds = [timed(sides[name], 1)[0] for name in names]
@@ -370,13 +404,17 @@ class Row:
         return self.tok_s[side] * self.flops_per_token / peak
 
 
-def measure(spec: Spec, rounds: int, warmup: int, round_seconds: float, workdir: Path) -> list[Row]:
+def measure(spec: Spec, rounds: int, round_seconds: float, workdir: Path) -> list[Row]:
     """Both modes of one configuration, targetlm and reference interleaved."""
-    sides = {"targetlm": targetlm_runners(spec, workdir), "reference": reference_runners(spec)}
+    sides = {
+        "targetlm": TargetlmSide(spec, workdir).runners(),
+        "reference": ReferenceSide(spec).runners(),
+    }
     rows = []
     for mode in ("train", "eval"):
         start = time.perf_counter()
-        samples = interleaved({name: runners[mode] for name, runners in sides.items()}, rounds, warmup, round_seconds)
+        runners = {name: side[mode] for name, side in sides.items()}
+        samples = interleaved(runners, rounds, round_seconds)
         median = {name: statistics.median(values) for name, values in samples.items()}
         rows.append(
             Row(
@@ -389,7 +427,8 @@ def measure(spec: Spec, rounds: int, warmup: int, round_seconds: float, workdir:
                 spread={name: (max(v) - min(v)) / median[name] for name, v in samples.items()},
             )
         )
-        log(f"  {spec.name} {mode}: ratio {rows[-1].ratio:.3f} ({time.perf_counter() - start:.1f} s)")
+        seconds = time.perf_counter() - start
+        log(f"  {spec.name} {mode}: ratio {rows[-1].ratio:.3f} ({seconds:.1f} s)")
     return rows
 
 
@@ -401,19 +440,21 @@ def log(message: str) -> None:
 def table(rows: list[Row], peak: float) -> str:
     header = (
         f"{'config':<12} {'mode':<5} {'BxT':>7} {'targetlm tok/s':>15} {'reference tok/s':>16} "
-        f"{'ratio':>6} {'MFU tlm':>8} {'MFU ref':>8} {'spread tlm/ref':>15}"
+        f"{'ratio':>6} {'MFU tlm':>8} {'MFU ref':>8} {'spread tlm':>10} {'spread ref':>10}"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
             f"{r.config:<12} {r.mode:<5} {r.shape:>7} {r.tok_s['targetlm']:>15,.0f} "
             f"{r.tok_s['reference']:>16,.0f} {r.ratio:>6.3f} {r.mfu('targetlm', peak):>8.1%} "
-            f"{r.mfu('reference', peak):>8.1%} {r.spread['targetlm']:>7.0%}/{r.spread['reference']:<7.0%}"
+            f"{r.mfu('reference', peak):>8.1%} {r.spread['targetlm']:>10.0%} {r.spread['reference']:>10.0%}"
         )
     return "\n".join(lines)
 
 
-def summary(rows: list[Row], peak: float, args: argparse.Namespace, specs: list[Spec]) -> dict[str, Any]:
+def summary(
+    rows: list[Row], peak: float, args: argparse.Namespace, specs: list[Spec], load: float
+) -> dict[str, Any]:
     """The JSON object: every ratio and MFU, the measured peak, the goals."""
     results: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -429,14 +470,23 @@ def summary(rows: list[Row], peak: float, args: argparse.Namespace, specs: list[
     lstm_mfu = [r.mfu("targetlm", peak) for r in rows if r.config.startswith("lstm")]
     return {
         "results": results,
-        "shapes": {s.name: {"batch": s.batch, "segment": s.segment} for s in specs},
+        "shapes": {
+            s.name: {
+                "batch": s.batch, "segment": s.segment,
+                "forward_mflop_per_token": round(forward_flops_per_token(s) / 1e6, 3),
+            }
+            for s in specs
+        },
         "peak_gflops": round(peak / 1e9, 2),
         "min_ratio": round(min(r.ratio for r in rows), 4),
         "goals": {
             "ratio_ge_1": all(r.ratio >= GOAL_RATIO for r in rows),
-            "lstm_mfu_ge_0.6": bool(lstm_mfu) and min(lstm_mfu) >= GOAL_LSTM_MFU,
+            # None when no LSTM configuration was run
+            "lstm_mfu_ge_0.6": min(lstm_mfu) >= GOAL_LSTM_MFU if lstm_mfu else None,
         },
         "threads": torch.get_num_threads(),
+        "load_average_before": round(load, 2),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "quick": args.quick,
         "rounds": args.rounds,
         "torch": torch.__version__,
@@ -449,12 +499,21 @@ def summary(rows: list[Row], peak: float, args: argparse.Namespace, specs: list[
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few steps only (smoke test, < 60 s)")
-    parser.add_argument("--configs", default=",".join(SPECS), help=f"comma-separated subset of {', '.join(SPECS)}")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--configs", default=",".join(SPECS), help=f"comma-separated subset of {', '.join(SPECS)}"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)"
+    )
     parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
     parser.add_argument("--rounds", type=int, help="timed rounds per side (default 5; --quick: 2)")
-    parser.add_argument("--round-seconds", type=float, help="target length of one round of one side (default 2; --quick: 0 = 1 step)")
-    parser.add_argument("--tf-shape", help="Transformer batch x block, e.g. 16x256 (default; --quick: 4x64)")
+    parser.add_argument(
+        "--round-seconds", type=float,
+        help="target length of one round of one side (default 2; --quick: 0 = one step)",
+    )
+    parser.add_argument(
+        "--tf-shape", help="Transformer batch x block (default 16x256; --quick: 4x64)"
+    )
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (2 if args.quick else 5)
     if args.round_seconds is None:
@@ -466,6 +525,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.tf_batch, args.tf_block = (int(x) for x in args.tf_shape.lower().split("x"))
     except ValueError:
+        args.tf_batch = 0
+    if args.tf_batch < 1 or args.tf_block < 1:
         parser.error(f"--tf-shape {args.tf_shape!r}: expected BxT, e.g. 16x256")
     return args
 
@@ -475,20 +536,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     specs = [SPECS[name] for name in args.configs.split(",")]
-    specs = [
-        dataclasses.replace(s, batch=args.tf_batch, segment=args.tf_block) if s.encoder == "transformer" else s
+    specs = [  # the Transformer's shape is a command-line choice (2-core machines)
+        dataclasses.replace(s, batch=args.tf_batch, segment=args.tf_block)
+        if s.encoder == "transformer" else s
         for s in specs
     ]
-    warmup = 1 if args.quick else 2
     peak_repeats = 3 if args.quick else 5
-    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads; measuring the fp32 matmul peak ...")
+    load = os.getloadavg()[0]  # 1-minute load before we start: other work on the machine
+    if load >= 0.5:
+        log(
+            f"warning: load average {load:.1f} before starting: other processes compete for the "
+            "cores and torch's spinning OpenMP threads slow down badly under contention; "
+            "timings (and ratios) will be noisy"
+        )
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak ...")
     peak = matmul_peak(repeats=peak_repeats)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in specs:
-            rows += measure(spec, args.rounds, warmup, args.round_seconds, Path(tmp))
+            rows += measure(spec, args.rounds, args.round_seconds, Path(tmp))
     peak = max(peak, matmul_peak(repeats=peak_repeats))  # again at the end: the best seen
-    result = summary(rows, peak, args, specs)
+    result = summary(rows, peak, args, specs, load)
     print(table(rows, peak))
     print(
         f"\nfp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, best of {2 * peak_repeats}); "
@@ -500,7 +568,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print("JSON " + line)
     return result
-
 
 
 if __name__ == "__main__":

@@ -22,11 +22,11 @@ from targetlm.data import (
     DataError,
     StreamBatches,
     Vocabulary,
+    datasets,
     read_tokens,
     tokens_from_text,
     with_context_token,
 )
-from targetlm.data import datasets
 from targetlm.data.datasets import DatasetSpec, Remote, download, load_corpus, read_split
 from targetlm.data.synthetic import (
     PLURAL_DETS,
@@ -35,7 +35,6 @@ from targetlm.data.synthetic import (
     SINGULAR_DETS,
     SyntheticLanguage,
 )
-
 
 # --- reading text ---------------------------------------------------------------------------
 
@@ -120,7 +119,9 @@ def test_oov_rate():
 
 
 def test_vocabulary_save_load_and_state_dict_round_trip(tmp_path):
-    vocab = Vocabulary.build("the cat sat on the mat <eos> a dog <eos>".split())
+    vocab = Vocabulary.build(
+        ["the", "cat", "sat", "on", "the", "mat", "<eos>", "a", "dog", "<eos>"]
+    )
     vocab.save(tmp_path / "vocab.txt")
     loaded = Vocabulary.load(tmp_path / "vocab.txt")
     assert loaded == vocab
@@ -138,12 +139,6 @@ def test_vocabulary_from_lines_rejects_a_malformed_line():
         Vocabulary.from_lines(f"{UNK}\t0\n{EOS}\t3\nword\tmany\n")
 
 
-@pytest.mark.xfail(
-    reason="src bug: Vocabulary.from_lines lets Vocabulary.__init__'s ValueError through for a "
-    "well-formed file that does not start with <unk>, <eos> (or repeats a word), instead of a "
-    "DataError naming the problem; the CLI then prints a traceback for such a vocab.txt",
-    strict=True,
-)
 def test_vocabulary_from_lines_rejects_a_file_without_specials_as_data_error():
     with pytest.raises(DataError):
         Vocabulary.from_lines("the\t5\ncat\t3\n")
@@ -233,7 +228,9 @@ def test_synthetic_is_deterministic_and_splits_differ():
     assert valid != test
     assert valid != train[: len(valid)]
     assert train[-1] == EOS
-    other_seed = DataConfig(name="synthetic", synthetic=SyntheticConfig(seed=7, train_sentences=600))
+    other_seed = DataConfig(
+        name="synthetic", synthetic=SyntheticConfig(seed=7, train_sentences=600)
+    )
     assert read_split(other_seed, "train") != train
 
 
@@ -445,7 +442,12 @@ def test_download_fetches_and_verifies(monkeypatch, remote_files, tmp_path):
     assert download("tiny", target) == target
     assert {p.name: p.read_bytes() for p in target.iterdir()} == contents
     assert os.listdir(target.parent) == ["tiny"]  # no staging directory left behind
-    assert read_split(DataConfig(name="tiny", dir=str(target)), "valid") == ["tiny", "valid", "text", EOS]
+    assert read_split(DataConfig(name="tiny", dir=str(target)), "valid") == [
+        "tiny",
+        "valid",
+        "text",
+        EOS,
+    ]
 
 
 def test_download_defaults_to_the_user_cache(monkeypatch, remote_files, tmp_path):
@@ -491,16 +493,37 @@ def test_download_md5_checked_archive(monkeypatch, tmp_path):
     (tmp_path / "wt.zip").write_bytes(blob)
     good = Remote((tmp_path / "wt.zip").as_uri(), md5=hashlib.md5(blob).hexdigest())
     spec = datasets.DATASETS["wikitext-103"]
-    monkeypatch.setitem(datasets.DATASETS, "wikitext-103", DatasetSpec(
-        spec.name, spec.description, spec.splits, archive=good, unpack=spec.unpack,
-    ))
+    monkeypatch.setitem(
+        datasets.DATASETS,
+        "wikitext-103",
+        DatasetSpec(
+            spec.name,
+            spec.description,
+            spec.splits,
+            archive=good,
+            unpack=spec.unpack,
+        ),
+    )
     target = download("wikitext-103", tmp_path / "wt103")
-    assert read_split(DataConfig(name="wikitext-103", dir=str(target)), "test") == ["=", "test", "=", EOS]
+    assert read_split(DataConfig(name="wikitext-103", dir=str(target)), "test") == [
+        "=",
+        "test",
+        "=",
+        EOS,
+    ]
 
     bad = Remote(good.url, md5="0" * 32)
-    monkeypatch.setitem(datasets.DATASETS, "wikitext-103", DatasetSpec(
-        spec.name, spec.description, spec.splits, archive=bad, unpack=spec.unpack,
-    ))
+    monkeypatch.setitem(
+        datasets.DATASETS,
+        "wikitext-103",
+        DatasetSpec(
+            spec.name,
+            spec.description,
+            spec.splits,
+            archive=bad,
+            unpack=spec.unpack,
+        ),
+    )
     with pytest.raises(DataError, match="md5 mismatch"):
         download("wikitext-103", tmp_path / "other")
     assert not (tmp_path / "other").exists()
@@ -510,7 +533,9 @@ def test_brown_unpacking_drops_tags(tmp_path):
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         archive.writestr("brown/cats.txt", "ca01 news\ncf01 lore\n")
-        archive.writestr("brown/ca01", "\n\n\tThe/at Fulton/np-tl said/vbd ./.\n\n\tIt/pps was/bedz ./.\n")
+        archive.writestr(
+            "brown/ca01", "\n\n\tThe/at Fulton/np-tl said/vbd ./.\n\n\tIt/pps was/bedz ./.\n"
+        )
         archive.writestr("brown/cf01", "\n\tA/at 1/2/cd inch/nn\n")
     datasets._unpack_brown(buffer.getvalue(), tmp_path)
     assert (tmp_path / "news.txt").read_text() == "The Fulton said .\nIt was .\n"

@@ -117,8 +117,7 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     batch_size: int = 10
-    segment: int = 0  # tokens scored per step; 0: data.bptt
-    context: int = 0  # Transformer context window; 0: the encoder's maximum
+    segment: int = 0  # tokens scored per step; 0: data.bptt (a Transformer sees max_context - segment + 1 or more)
 
 
 @dataclass(frozen=True)
@@ -209,6 +208,16 @@ def validate(config: Config) -> None:
     for key in ("max_steps", "early_stopping", "eval_every", "checkpoint_every", "threads"):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0")
+    if config.eval.segment < 0:
+        raise ConfigError("eval.segment: must be >= 0 (0: data.bptt)")
+    from targetlm.data.synthetic import NUM_CLASSES
+
+    for key in ("nouns", "verbs", "adjectives"):
+        if getattr(config.data.synthetic, key) < NUM_CLASSES:
+            raise ConfigError(f"data.synthetic.{key}: must be >= {NUM_CLASSES} (one per semantic class)")
+    for key in ("train_sentences", "valid_sentences", "test_sentences"):
+        if getattr(config.data.synthetic, key) < 1:
+            raise ConfigError(f"data.synthetic.{key}: must be >= 1")
 
 
 def parse_value(text: str) -> Any:
@@ -260,7 +269,7 @@ def _dump_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)
+        return json.dumps(value, ensure_ascii=False)  # TOML has no surrogate-pair escapes
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_dump_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {value!r} as TOML")

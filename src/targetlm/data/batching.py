@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from targetlm.data.vocab import DataError
+
 IGNORE = -100  # target id of padding; skipped by every loss
 
 
@@ -44,14 +46,14 @@ class StreamBatches:
     def __init__(self, ids: torch.Tensor, batch_size: int, segment: int, pad: bool, pad_id: int = 0):
         targets_total = ids.numel() - 1
         if targets_total < 1:
-            raise ValueError("a stream needs at least two tokens")
+            raise DataError("a stream needs at least two tokens (is a split empty?)")
         if pad:
             length = math.ceil(targets_total / batch_size)
         else:
             length = targets_total // batch_size
             if length == 0:
-                raise ValueError(
-                    f"{targets_total} tokens are too few for batch size {batch_size}"
+                raise DataError(
+                    f"{targets_total} training tokens are too few for data.batch_size = {batch_size}"
                 )
         inputs = torch.full((batch_size, length), pad_id, dtype=torch.long)
         targets = torch.full((batch_size, length), IGNORE, dtype=torch.long)

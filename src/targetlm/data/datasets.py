@@ -218,8 +218,8 @@ def read_split(config: DataConfig, split: str) -> list[str]:
     get_spec(config.name)
     directory = resolve_dir(config.name, config.dir, (split,))
     tokens = read_tokens(directory / f"{split}.txt", config.lowercase)
-    if split == config.train and len(tokens) == 0:
-        raise DataError(f"training file {directory / (split + '.txt')} is empty")
+    if not tokens:
+        raise DataError(f"{'training ' if split == config.train else ''}file {directory / (split + '.txt')} is empty")
     return tokens
 
 

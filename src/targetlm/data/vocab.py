@@ -61,14 +61,14 @@ class Vocabulary:
 
     def __init__(self, words: Sequence[str], counts: Sequence[int]) -> None:
         if len(words) != len(counts):
-            raise ValueError("words and counts differ in length")
+            raise DataError("vocabulary: words and counts differ in length")
         if list(words[: len(SPECIALS)]) != list(SPECIALS):
-            raise ValueError(f"a vocabulary starts with {SPECIALS}")
+            raise DataError(f"vocabulary: must start with {', '.join(SPECIALS)}, got {list(words[:2])}")
         self.itos = list(words)
         self.counts = list(counts)
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         if len(self.stoi) != len(self.itos):
-            raise ValueError("duplicate word in vocabulary")
+            raise DataError("vocabulary: a word appears twice")
 
     @classmethod
     def build(cls, tokens: Iterable[str], max_size: int | None = None) -> Vocabulary:
@@ -143,7 +143,10 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
-        return cls.from_lines(Path(path).read_text(encoding="utf-8"))
+        try:
+            return cls.from_lines(Path(path).read_text(encoding="utf-8"))
+        except (DataError, UnicodeDecodeError) as error:
+            raise DataError(f"{path}: {error}") from None
 
     def state_dict(self) -> dict[str, list]:
         return {"words": list(self.itos), "counts": list(self.counts)}

@@ -35,4 +35,9 @@ def evaluate_stream(
         count += n
     model.train(was_training)
     nll = total / count
-    return {"ppl": math.exp(nll), "nll": nll, "tokens": count}
+    return {"ppl": perplexity(nll), "nll": nll, "tokens": count}
+
+
+def perplexity(nll: float) -> float:
+    """exp(mean NLL); ``inf`` for a loss beyond float range (a diverged model) instead of an error."""
+    return math.exp(nll) if nll < 709.0 else math.inf

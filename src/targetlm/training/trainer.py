@@ -24,7 +24,7 @@ from targetlm import config as config_lib
 from targetlm import runs
 from targetlm.config import Config
 from targetlm.data import StreamBatches, Vocabulary, load_corpus, with_context_token
-from targetlm.inference.evaluate import evaluate_stream
+from targetlm.inference.evaluate import evaluate_stream, perplexity
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import OBJECTIVES
 from targetlm.registry import ConfigError
@@ -289,7 +289,7 @@ class Trainer:
                     seconds = time.perf_counter() - log_start
                     record = {
                         "kind": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
-                        "loss": log_nll / log_count, "ppl": math.exp(min(log_nll / log_count, 50)),
+                        "loss": log_nll / log_count, "ppl": perplexity(log_nll / log_count),
                         "tok_s": log_count / max(seconds, 1e-9),
                     }
                     self._write_metrics(record)
