@@ -13,7 +13,11 @@ IGNORE = -100
 
 
 def logits(predicted: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The logit layer: ``x̂ · E_outᵀ + b``. predicted (..., d), weight (V, d), bias (V,) -> (..., V)."""
+    """The logit layer: ``x̂ · E_outᵀ + b``. predicted (..., d), weight (V, d), bias (V,) -> (..., V).
+
+    Pass x̂ with its batch dimensions (B, T, d): for 3-D inputs ``F.linear`` runs a matmul and
+    an in-place bias add, while for 2-D ones it first copies the bias into the whole output.
+    """
     return F.linear(predicted, weight, bias)
 
 

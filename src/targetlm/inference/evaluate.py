@@ -29,7 +29,7 @@ def evaluate_stream(
     total, count = 0.0, 0
     for inputs, targets in batches:
         predicted, state = model(inputs.to(device), state)
-        logits = functional.logits(predicted.reshape(-1, predicted.size(-1)), weight, bias)
+        logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         _, nll_sum, n = functional.cross_entropy(logits, targets.reshape(-1).to(device))
         total += float(nll_sum)
         count += n

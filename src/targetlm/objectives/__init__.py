@@ -29,7 +29,7 @@ class CrossEntropyObjective(nn.Module):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossOutput:
-        logits = functional.logits(predicted.reshape(-1, predicted.size(-1)), weight, bias)
+        logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         loss, nll_sum, count = functional.cross_entropy(logits, targets.reshape(-1), self.label_smoothing)
         return LossOutput(loss, nll_sum, count)
 

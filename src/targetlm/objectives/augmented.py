@@ -53,7 +53,7 @@ class AugmentedLossObjective(nn.Module):
     def forward(
         self, predicted: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> LossOutput:
-        logits = functional.logits(predicted.reshape(-1, predicted.size(-1)), weight, bias)
+        logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         targets = targets.reshape(-1)
         ce, nll_sum, count = functional.cross_entropy(logits, targets, self.label_smoothing)
         mask = targets != IGNORE

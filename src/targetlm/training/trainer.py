@@ -30,7 +30,7 @@ from targetlm.objectives import OBJECTIVES
 from targetlm.registry import ConfigError
 from targetlm.training.checkpoint import CheckpointError, save_atomic
 from targetlm.training.checkpoint import load as load_checkpoint
-from targetlm.training.optim import LrSchedule, build_optimizer, set_lr
+from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
 
 # keys a resumed run may change: the budget and cosmetics, never the model or the data
 RESUMABLE_CHANGES = {"train.epochs", "train.max_steps", "train.progress", "train.threads", "train.log_every"}
@@ -230,7 +230,7 @@ class Trainer:
         scale = inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
         (out.loss * scale).backward()
         if c.clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
+            clip_gradients(self.model.parameters(), c.clip)
         self.optimizer.step()
         self.state = state
         return float(out.nll_sum), out.count
