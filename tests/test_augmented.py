@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -112,3 +113,22 @@ def test_augmented_loss_trains_with_every_output_layer(tmp_path, output):
     results = Trainer(config, tmp_path / "run", log=lambda m: None).train()
     assert math.isfinite(results["test"]["ppl"])
     assert results["test"]["ppl"] < 0.75 * results["vocab_size"]  # it learned: well below a uniform guess
+
+
+def test_subspace_analysis_end_to_end(tmp_path, capsys):
+    from targetlm.cli import main
+
+    tiny = [
+        "data.name=synthetic", "data.train_tokens=600", "data.batch_size=4", "data.bptt=10",
+        "data.synthetic.train_sentences=100", "data.synthetic.valid_sentences=10", "data.synthetic.test_sentences=10",
+        "model.embedding.size=8", "model.encoder.hidden_size=8", "train.epochs=1", "train.progress=false",
+    ]
+    args = ["analyze", "subspace", "--out", str(tmp_path / "sub"), "--betas", "0,1", "--taus", "2,10"]
+    assert main(args + [x for item in tiny for x in ("--set", item)]) == 0
+    rows = json.loads((tmp_path / "sub" / "subspace.json").read_text())
+    assert [(r["beta"], r["tau"]) for r in rows] == [(0.0, 10.0), (1.0, 10.0), (1.0, 2.0)]
+    assert all(0.0 <= r["distance"] <= 1.0 for r in rows)
+    assert (tmp_path / "sub" / "subspace.png").is_file()
+    assert "| 0 | 10 |" in capsys.readouterr().out
+    with open(tmp_path / "sub" / "beta0-tau10" / "config.toml") as handle:
+        assert "unit_norm = true" in handle.read()

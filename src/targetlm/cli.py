@@ -5,6 +5,7 @@
     targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
+    targetlm analyze subspace --out DIR [--config C] [--set ...] [--betas ...] [--taus ...]
 
 Every expected failure (bad config, missing data, unusable checkpoint or run
 directory, diverged training) is one line on stderr and a non-zero exit.
@@ -126,6 +127,26 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze_subspace(args: argparse.Namespace) -> int:
+    from targetlm.analysis.subspace import run_subspace_analysis, sweep
+
+    config = config_lib.load(args.config, args.set)
+    out_dir = Path(args.out)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise RunDirError(f"output directory {out_dir} exists and is not empty; choose another --out")
+    rows = run_subspace_analysis(config, out_dir, sweep(args.betas, args.taus, args.beta_tau),
+                                 log=lambda m: print(m, flush=True))
+    print((out_dir / "subspace.md").read_text(encoding="utf-8"), end="")
+    return 0 if rows else 1
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="targetlm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_describe)
+
+    p = sub.add_parser("analyze", help="analyses that train and compare several models")
+    analyses = p.add_subparsers(dest="analysis", required=True)
+    a = analyses.add_parser("subspace", help="Inan et al. Fig. 1: input/output embedding subspace distance")
+    a.add_argument("--config", default="configs/inan-subspace-ptb.toml")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--out", required=True, help="directory for the runs, table and plot")
+    a.add_argument("--betas", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    a.add_argument("--taus", type=_floats, default=[2.0, 5.0, 10.0, 20.0])
+    a.add_argument("--beta-tau", type=float, default=10.0, help="τ of the β sweep")
+    a.set_defaults(func=_analyze_subspace)
 
     p = sub.add_parser("data", help="dataset information and download")
     p.add_argument("action", choices=["info", "download"])

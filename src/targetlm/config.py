@@ -64,6 +64,7 @@ class DataConfig:
     valid: str = "valid"
     test: str = "test"
     lowercase: bool = False
+    train_tokens: int = 0  # keep only the first N training tokens (0: all), e.g. Inan et al.'s 20k-token analysis
     batch_size: int = 20
     bptt: int = 35  # segment length: BPTT for recurrent encoders, block length for Transformers
     shuffle: bool = False  # shuffle the order of segments every epoch (Transformer blocks)
@@ -187,7 +188,12 @@ def validate(config: Config) -> None:
     # Build once on the meta device (no memory, no compute): every option's name,
     # type and value is checked by the constructors themselves.
     with torch.device("meta"):
-        build_model(config.model, vocab_size=8)
+        model = build_model(config.model, vocab_size=8)
+    context = getattr(model.encoder, "max_context", None)
+    if context is not None:
+        for key, value in (("data.bptt", config.data.bptt), ("eval.segment", config.eval.segment)):
+            if value > context:
+                raise ConfigError(f"{key}: {value} exceeds model.encoder.max_context = {context}")
     OBJECTIVES.build(config.objective.kind, config.objective.options, "objective")
     positive = {
         "data.batch_size": config.data.batch_size,
@@ -208,6 +214,8 @@ def validate(config: Config) -> None:
     for key in ("max_steps", "early_stopping", "eval_every", "checkpoint_every", "threads"):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0")
+    if config.data.train_tokens < 0:
+        raise ConfigError("data.train_tokens: must be >= 0 (0: the whole split)")
     if config.eval.segment < 0:
         raise ConfigError("eval.segment: must be >= 0 (0: data.bptt)")
     from targetlm.data.synthetic import NUM_CLASSES

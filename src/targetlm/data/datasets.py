@@ -227,6 +227,8 @@ def load_corpus(config: DataConfig, splits: tuple[str, ...] | None = None) -> Co
     """Read the splits and build the vocabulary from the training split only."""
     wanted = splits or (config.train, config.valid, config.test)
     tokens = {split: read_split(config, split) for split in dict.fromkeys((config.train, *wanted))}
+    if config.train_tokens:
+        tokens[config.train] = tokens[config.train][: config.train_tokens]
     return Corpus(Vocabulary.build(tokens[config.train]), tokens)
 
 
