@@ -88,12 +88,16 @@ class Spec:
         """The targetlm model, as a config file would describe it (LSTMs untied, TF tied)."""
         if self.encoder == "lstm":
             return ModelConfig(
-                embedding=ComponentConfig("lookup", {"size": self.size, "init_range": self.init_range}),
+                embedding=ComponentConfig(
+                    "lookup", {"size": self.size, "init_range": self.init_range}
+                ),
                 encoder=ComponentConfig(
                     "lstm",
                     {
-                        "hidden_size": self.size, "num_layers": self.layers,
-                        "variational": False, "init_range": self.init_range,
+                        "hidden_size": self.size,
+                        "num_layers": self.layers,
+                        "variational": False,
+                        "init_range": self.init_range,
                     },
                 ),
                 output=ComponentConfig("lookup", {"init_range": self.init_range}),
@@ -103,8 +107,12 @@ class Spec:
             encoder=ComponentConfig(
                 "transformer",
                 {
-                    "num_layers": self.layers, "num_heads": self.heads, "ff_size": self.ff_size,
-                    "dropout": 0.0, "max_context": self.segment, "positions": "learned",
+                    "num_layers": self.layers,
+                    "num_heads": self.heads,
+                    "ff_size": self.ff_size,
+                    "dropout": 0.0,
+                    "max_context": self.segment,
+                    "positions": "learned",
                 },
             ),
             output=ComponentConfig("tied"),
@@ -116,8 +124,13 @@ class Spec:
             data=DataConfig(batch_size=self.batch, bptt=self.segment),
             model=self.model_config(),
             train=TrainConfig(
-                optimizer="sgd", lr=self.lr, clip=self.clip, loss_reduction="mean",
-                carry_state=self.encoder == "lstm", progress=False, seed=SEED,
+                optimizer="sgd",
+                lr=self.lr,
+                clip=self.clip,
+                loss_reduction="mean",
+                carry_state=self.encoder == "lstm",
+                progress=False,
+                seed=SEED,
             ),
         )
 
@@ -129,8 +142,17 @@ SPECS: dict[str, Spec] = {
     "lstm-medium": Spec("lstm-medium", "lstm", 20, 35, 650, 2, init_range=0.05, lr=1.0, clip=5.0),
     # Heo et al. small decoder Transformer: d 256, d_ff 2100, 6 layers, 4 heads, tied output
     "tf-small": Spec(
-        "tf-small", "transformer", 16, 256, 256, 6, init_range=0.02, lr=0.1, clip=1.0,
-        heads=4, ff_size=2100,
+        "tf-small",
+        "transformer",
+        16,
+        256,
+        256,
+        6,
+        init_range=0.02,
+        lr=0.1,
+        clip=1.0,
+        heads=4,
+        ff_size=2100,
     ),
 }
 
@@ -187,8 +209,13 @@ class ReferenceTransformer(nn.Module):
         self.positions = nn.Parameter(torch.randn(spec.segment, d) * 0.02)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(
-                d, spec.heads, spec.ff_size, dropout=0.0, activation="gelu",
-                batch_first=True, norm_first=True,
+                d,
+                spec.heads,
+                spec.ff_size,
+                dropout=0.0,
+                activation="gelu",
+                batch_first=True,
+                norm_first=True,
             )
             for _ in range(spec.layers)
         )
@@ -472,7 +499,8 @@ def summary(
         "results": results,
         "shapes": {
             s.name: {
-                "batch": s.batch, "segment": s.segment,
+                "batch": s.batch,
+                "segment": s.segment,
                 "forward_mflop_per_token": round(forward_flops_per_token(s) / 1e6, 3),
             }
             for s in specs
@@ -498,7 +526,9 @@ def summary(
 # --- command line --------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a few steps only (smoke test, < 60 s)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few steps only (smoke test, < 60 s)"
+    )
     parser.add_argument(
         "--configs", default=",".join(SPECS), help=f"comma-separated subset of {', '.join(SPECS)}"
     )
@@ -508,7 +538,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
     parser.add_argument("--rounds", type=int, help="timed rounds per side (default 5; --quick: 2)")
     parser.add_argument(
-        "--round-seconds", type=float,
+        "--round-seconds",
+        type=float,
         help="target length of one round of one side (default 2; --quick: 0 = one step)",
     )
     parser.add_argument(
@@ -538,7 +569,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     specs = [SPECS[name] for name in args.configs.split(",")]
     specs = [  # the Transformer's shape is a command-line choice (2-core machines)
         dataclasses.replace(s, batch=args.tf_batch, segment=args.tf_block)
-        if s.encoder == "transformer" else s
+        if s.encoder == "transformer"
+        else s
         for s in specs
     ]
     peak_repeats = 3 if args.quick else 5

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import tiny_config
+
 from targetlm import functional
 from targetlm.modules import OUTPUT_LAYERS
 from targetlm.objectives import AugmentedLossObjective, CrossEntropyObjective
@@ -18,13 +18,18 @@ from targetlm.training import Trainer
 
 def _inputs(n=6, v=9, d=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(n, v, generator=g), torch.randint(v, (n,), generator=g), torch.randn(v, d, generator=g)
+    return (
+        torch.randn(n, v, generator=g),
+        torch.randint(v, (n,), generator=g),
+        torch.randn(v, d, generator=g),
+    )
 
 
 def test_alpha_zero_is_cross_entropy():
     logits, targets, embeddings = _inputs()
     torch.testing.assert_close(
-        functional.augmented_loss(logits, targets, embeddings, tau=20.0, alpha=0.0), F.cross_entropy(logits, targets)
+        functional.augmented_loss(logits, targets, embeddings, tau=20.0, alpha=0.0),
+        F.cross_entropy(logits, targets),
     )
 
 
@@ -32,7 +37,12 @@ def test_kl_is_non_negative_and_zero_when_prediction_matches_target():
     logits, targets, embeddings = _inputs(n=50)
     assert (functional.augmented_kl(logits, targets, embeddings, 3.0) >= -1e-6).all()
     matching = embeddings[targets] @ embeddings.t()  # logits equal to the similarity: ŷ = ỹ
-    torch.testing.assert_close(functional.augmented_kl(matching, targets, embeddings, 3.0), torch.zeros(50), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        functional.augmented_kl(matching, targets, embeddings, 3.0),
+        torch.zeros(50),
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("tau,alpha", [(1.0, 0.5), (20.0, 10.0), (5.0, 2.0)])
@@ -76,7 +86,12 @@ def test_target_is_detached_by_default():
 
 def test_objective_forms():
     torch.manual_seed(0)
-    predicted, targets, weight, bias = torch.randn(2, 3, 4), torch.randint(9, (2, 3)), torch.randn(9, 4), torch.randn(9)
+    predicted, targets, weight, bias = (
+        torch.randn(2, 3, 4),
+        torch.randint(9, (2, 3)),
+        torch.randn(9, 4),
+        torch.randn(9),
+    )
     ce = CrossEntropyObjective()(predicted, targets, weight, bias)
     zero = AugmentedLossObjective(alpha=0.0)(predicted, targets, weight, bias)
     torch.testing.assert_close(zero.loss, ce.loss)
@@ -89,7 +104,9 @@ def test_objective_forms():
     beta = AugmentedLossObjective(tau=10.0, beta=0.25)(predicted, targets, weight, bias).loss
     kl10 = functional.augmented_kl(logits, targets.reshape(-1), weight, 10.0).mean()
     torch.testing.assert_close(beta, 0.25 * 100 * 9 * kl10 + 0.75 * ce.loss)
-    torch.testing.assert_close(AugmentedLossObjective(beta=0.0)(predicted, targets, weight, bias).loss, ce.loss)
+    torch.testing.assert_close(
+        AugmentedLossObjective(beta=0.0)(predicted, targets, weight, bias).loss, ce.loss
+    )
 
 
 def test_subspace_distance():
@@ -100,30 +117,58 @@ def test_subspace_distance():
     q = torch.linalg.qr(torch.randn(40, 12)).Q
     assert math.isclose(float(functional.subspace_distance(q[:, :6], q[:, 6:])), 1.0, rel_tol=1e-9)
     y = torch.randn(40, 6)
-    assert math.isclose(float(functional.subspace_distance(x, y)), float(functional.subspace_distance(y, x)), rel_tol=1e-9)
+    assert math.isclose(
+        float(functional.subspace_distance(x, y)),
+        float(functional.subspace_distance(y, x)),
+        rel_tol=1e-9,
+    )
     assert 0.0 < float(functional.subspace_distance(x, y)) < 1.0
 
 
 @pytest.mark.parametrize("output", OUTPUT_LAYERS.names())
 def test_augmented_loss_trains_with_every_output_layer(tmp_path, output):
-    config = tiny_config(**{
-        "objective": '{kind = "augmented", tau = 2.0, gamma = 0.5}',
-        "model.output": f'{{kind = "{output}"}}', "train.epochs": 2, "train.optimizer": '"adam"', "train.lr": 0.01,
-    })
+    config = tiny_config(
+        **{
+            "objective": '{kind = "augmented", tau = 2.0, gamma = 0.5}',
+            "model.output": f'{{kind = "{output}"}}',
+            "train.epochs": 2,
+            "train.optimizer": '"adam"',
+            "train.lr": 0.01,
+        }
+    )
     results = Trainer(config, tmp_path / "run", log=lambda m: None).train()
     assert math.isfinite(results["test"]["ppl"])
-    assert results["test"]["ppl"] < 0.75 * results["vocab_size"]  # it learned: well below a uniform guess
+    assert (
+        results["test"]["ppl"] < 0.75 * results["vocab_size"]
+    )  # it learned: well below a uniform guess
 
 
 def test_subspace_analysis_end_to_end(tmp_path, capsys):
     from targetlm.cli import main
 
     tiny = [
-        "data.name=synthetic", "data.train_tokens=600", "data.batch_size=4", "data.bptt=10",
-        "data.synthetic.train_sentences=100", "data.synthetic.valid_sentences=10", "data.synthetic.test_sentences=10",
-        "model.embedding.size=8", "model.encoder.hidden_size=8", "train.epochs=1", "train.progress=false",
+        "data.name=synthetic",
+        "data.train_tokens=600",
+        "data.batch_size=4",
+        "data.bptt=10",
+        "data.synthetic.train_sentences=100",
+        "data.synthetic.valid_sentences=10",
+        "data.synthetic.test_sentences=10",
+        "model.embedding.size=8",
+        "model.encoder.hidden_size=8",
+        "train.epochs=1",
+        "train.progress=false",
     ]
-    args = ["analyze", "subspace", "--out", str(tmp_path / "sub"), "--betas", "0,1", "--taus", "2,10"]
+    args = [
+        "analyze",
+        "subspace",
+        "--out",
+        str(tmp_path / "sub"),
+        "--betas",
+        "0,1",
+        "--taus",
+        "2,10",
+    ]
     assert main(args + [x for item in tiny for x in ("--set", item)]) == 0
     rows = json.loads((tmp_path / "sub" / "subspace.json").read_text())
     assert [(r["beta"], r["tau"]) for r in rows] == [(0.0, 10.0), (1.0, 10.0), (1.0, 2.0)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import ENCODER_OPTIONS, model_config
+
 from targetlm import functional
 from targetlm.config import ComponentConfig
 from targetlm.data.batching import IGNORE
@@ -107,7 +107,9 @@ def test_projection_added_when_hidden_size_differs_from_embedding():
 
 
 def test_lstm_output_size_avoids_projection():
-    model = build_model(model_config("lstm", "tied", embedding_size=16, hidden_size=24, output_size=16), V)
+    model = build_model(
+        model_config("lstm", "tied", embedding_size=16, hidden_size=24, output_size=16), V
+    )
     assert isinstance(model.projection, torch.nn.Identity)
 
 
@@ -165,12 +167,16 @@ def test_label_smoothing_zero_equals_nll_and_gradcheck():
 
     # cross_entropy upcasts to float32 for the loss; check the formula in float64 by hand
     log_probs = torch.log_softmax(logits, -1)
-    manual = (0.8 * -log_probs.gather(1, targets[:, None]).squeeze(1) + 0.2 * -log_probs.mean(1)).mean()
+    manual = (
+        0.8 * -log_probs.gather(1, targets[:, None]).squeeze(1) + 0.2 * -log_probs.mean(1)
+    ).mean()
     torch.testing.assert_close(smoothed(logits).double(), manual, atol=1e-6, rtol=1e-6)
 
 
 def test_objective_ignores_padding_only_batches():
-    out = CrossEntropyObjective()(torch.randn(1, 2, 3), torch.full((1, 2), IGNORE), torch.randn(4, 3), None)
+    out = CrossEntropyObjective()(
+        torch.randn(1, 2, 3), torch.full((1, 2), IGNORE), torch.randn(4, 3), None
+    )
     assert out.count == 0 and float(out.loss) == 0.0
 
 
@@ -206,6 +212,10 @@ def test_every_encoder_is_in_the_contract_tests():
 
 def test_build_model_uses_component_configs():
     config = model_config("lstm", "lookup")
-    config = type(config)(config.embedding, ComponentConfig("lstm", {"hidden_size": 8, "num_layers": 1}), config.output)
+    config = type(config)(
+        config.embedding,
+        ComponentConfig("lstm", {"hidden_size": 8, "num_layers": 1}),
+        config.output,
+    )
     model = build_model(config, V)
     assert model.encoder.output_size == 8 and len(model.encoder.layers) == 1

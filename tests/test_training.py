@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import tiny_config
+
 from targetlm.config import TrainConfig
 from targetlm.training import LrSchedule, RunDirError, Trainer, TrainingDiverged, save_atomic
 from targetlm.training.checkpoint import CheckpointError, load
@@ -28,8 +28,10 @@ def _quiet(message: str) -> None:
 
 # dropout and weight drop make the RNG part of the state to restore
 REGULARISED = {
-    "model.encoder.dropout_input": 0.2, "model.encoder.dropout_hidden": 0.2,
-    "model.encoder.weight_drop": 0.2, "model.embedding.dropout": 0.1,
+    "model.encoder.dropout_input": 0.2,
+    "model.encoder.dropout_hidden": 0.2,
+    "model.encoder.weight_drop": 0.2,
+    "model.embedding.dropout": 0.1,
 }
 
 
@@ -37,11 +39,20 @@ REGULARISED = {
     "overrides",
     [
         REGULARISED,
-        {"train.optimizer": '"adam"', "train.lr": 0.01, "train.schedule": '"plateau"', "train.eval_every": 7},
+        {
+            "train.optimizer": '"adam"',
+            "train.lr": 0.01,
+            "train.schedule": '"plateau"',
+            "train.eval_every": 7,
+        },
         {  # a Transformer on shuffled blocks without carried state
             "model.encoder": '{kind = "transformer", num_layers = 1, num_heads = 2, ff_size = 16, max_context = 16, dropout = 0.1}',
-            "data.shuffle": "true", "train.carry_state": "false", "train.optimizer": '"adamw"', "train.lr": 0.01,
-            "train.schedule": '"inverse_sqrt"', "train.warmup_steps": 5,
+            "data.shuffle": "true",
+            "train.carry_state": "false",
+            "train.optimizer": '"adamw"',
+            "train.lr": 0.01,
+            "train.schedule": '"inverse_sqrt"',
+            "train.warmup_steps": 5,
         },
     ],
     ids=["lstm-dropout-sgd", "lstm-adam-plateau-midepoch-eval", "transformer-shuffled"],
@@ -144,7 +155,9 @@ def test_early_stopping(tmp_path):
 
 
 def test_schedules():
-    epoch_decay = LrSchedule(TrainConfig(lr=1.0, schedule="epoch_decay", decay_factor=0.5, decay_start=4))
+    epoch_decay = LrSchedule(
+        TrainConfig(lr=1.0, schedule="epoch_decay", decay_factor=0.5, decay_start=4)
+    )
     assert [epoch_decay.lr(0, e) for e in (1, 4, 5, 6, 13)] == [1.0, 1.0, 0.5, 0.25, 0.5**9]
     warm = LrSchedule(TrainConfig(lr=1.0, schedule="inverse_sqrt", warmup_steps=4))
     assert [warm.lr(s, 1) for s in (1, 2, 4, 16)] == [0.25, 0.5, 1.0, 0.5]

@@ -33,8 +33,12 @@ def _train(args: argparse.Namespace) -> int:
     from targetlm.training import Trainer
 
     config = config_lib.load(args.config, args.set)
-    run_dir = args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    results = Trainer(config, run_dir, resume=args.resume, log=lambda m: print(m, flush=True)).train()
+    run_dir = (
+        args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    results = Trainer(
+        config, run_dir, resume=args.resume, log=lambda m: print(m, flush=True)
+    ).train()
     if results.get("interrupted"):
         return 130
     print(f"test perplexity: {results['test']['ppl']:.2f}")
@@ -52,8 +56,11 @@ def _eval(args: argparse.Namespace) -> int:
     segment = config.eval.segment or config.data.bptt
     result = evaluate_stream(model, ids, config.eval.batch_size, segment, config.train.device)
     result.update(
-        split=args.split, file=split, oov_rate=vocab.oov_rate(tokens),
-        batch_size=config.eval.batch_size, segment=segment,
+        split=args.split,
+        file=split,
+        oov_rate=vocab.oov_rate(tokens),
+        batch_size=config.eval.batch_size,
+        segment=segment,
     )
     context = getattr(model.encoder, "max_context", None)
     if context is not None:
@@ -75,7 +82,13 @@ def _generate(args: argparse.Namespace) -> int:
 
     config, vocab, model, _ = load_run(args.run_dir)
     words = generate(
-        model, vocab, args.prompt.split(), args.max_tokens, args.temperature, args.top_k, args.seed,
+        model,
+        vocab,
+        args.prompt.split(),
+        args.max_tokens,
+        args.temperature,
+        args.top_k,
+        args.seed,
         config.train.device,
     )
     text = " ".join(args.prompt.split() + words).replace(" <eos> ", "\n").replace(" <eos>", "\n")
@@ -95,7 +108,11 @@ def _describe(args: argparse.Namespace) -> int:
         print(json.dumps({"total_params": total, "params": params, "vocab_size": len(vocab)}))
         return 0
     print(f"vocabulary: {len(vocab):,} words ({config.data.name})")
-    parts = {"input_embedding": config.model.embedding, "encoder": config.model.encoder, "output": config.model.output}
+    parts = {
+        "input_embedding": config.model.embedding,
+        "encoder": config.model.encoder,
+        "output": config.model.output,
+    }
     for name, count in params.items():
         kind = f" ({parts[name].kind})" if name in parts else ""
         print(f"{name + kind:<32}{count:>14,}")
@@ -133,9 +150,15 @@ def _analyze_subspace(args: argparse.Namespace) -> int:
     config = config_lib.load(args.config, args.set)
     out_dir = Path(args.out)
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise RunDirError(f"output directory {out_dir} exists and is not empty; choose another --out")
-    rows = run_subspace_analysis(config, out_dir, sweep(args.betas, args.taus, args.beta_tau),
-                                 log=lambda m: print(m, flush=True))
+        raise RunDirError(
+            f"output directory {out_dir} exists and is not empty; choose another --out"
+        )
+    rows = run_subspace_analysis(
+        config,
+        out_dir,
+        sweep(args.betas, args.taus, args.beta_tau),
+        log=lambda m: print(m, flush=True),
+    )
     print((out_dir / "subspace.md").read_text(encoding="utf-8"), end="")
     return 0 if rows else 1
 
@@ -144,7 +167,9 @@ def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="train a model from a TOML config")
     p.add_argument("config")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
+    )
     p.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir exactly")
     p.set_defaults(func=_train)
@@ -182,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="analyses that train and compare several models")
     analyses = p.add_subparsers(dest="analysis", required=True)
-    a = analyses.add_parser("subspace", help="Inan et al. Fig. 1: input/output embedding subspace distance")
+    a = analyses.add_parser(
+        "subspace", help="Inan et al. Fig. 1: input/output embedding subspace distance"
+    )
     a.add_argument("--config", default="configs/inan-subspace-ptb.toml")
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a.add_argument("--out", required=True, help="directory for the runs, table and plot")

@@ -64,7 +64,9 @@ class DataConfig:
     valid: str = "valid"
     test: str = "test"
     lowercase: bool = False
-    train_tokens: int = 0  # keep only the first N training tokens (0: all), e.g. Inan et al.'s 20k-token analysis
+    train_tokens: int = (
+        0  # keep only the first N training tokens (0: all), e.g. Inan et al.'s 20k-token analysis
+    )
     batch_size: int = 20
     bptt: int = 35  # segment length: BPTT for recurrent encoders, block length for Transformers
     shuffle: bool = False  # shuffle the order of segments every epoch (Transformer blocks)
@@ -222,7 +224,9 @@ def validate(config: Config) -> None:
 
     for key in ("nouns", "verbs", "adjectives"):
         if getattr(config.data.synthetic, key) < NUM_CLASSES:
-            raise ConfigError(f"data.synthetic.{key}: must be >= {NUM_CLASSES} (one per semantic class)")
+            raise ConfigError(
+                f"data.synthetic.{key}: must be >= {NUM_CLASSES} (one per semantic class)"
+            )
     for key in ("train_sentences", "valid_sentences", "test_sentences"):
         if getattr(config.data.synthetic, key) < 1:
             raise ConfigError(f"data.synthetic.{key}: must be >= 1")

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 IGNORE = -100
 
 
-def logits(predicted: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def logits(
+    predicted: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """The logit layer: ``x̂ · E_outᵀ + b``. predicted (..., d), weight (V, d), bias (V,) -> (..., V).
 
     Pass x̂ with its batch dimensions (B, T, d): for 3-D inputs ``F.linear`` runs a matmul and
@@ -22,7 +24,10 @@ def logits(predicted: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 def cross_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0, ignore_index: int = IGNORE
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    label_smoothing: float = 0.0,
+    ignore_index: int = IGNORE,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Cross entropy with optional label smoothing (Szegedy et al. 2016).
 
@@ -68,7 +73,9 @@ def augmented_loss(
     differentiates with respect to the logits only.
     """
     ce = F.cross_entropy(logits.float(), targets, reduction="none")
-    return (ce + alpha * augmented_kl(logits, targets, output_embeddings, tau, detach_target)).mean()
+    return (
+        ce + alpha * augmented_kl(logits, targets, output_embeddings, tau, detach_target)
+    ).mean()
 
 
 def augmented_kl(

@@ -36,7 +36,9 @@ def check_type(key: str, value: Any, annotation: Any) -> Any:
     args = typing.get_args(annotation)
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{key}: invalid value {value!r}; allowed: {', '.join(map(repr, args))}")
+            raise ConfigError(
+                f"{key}: invalid value {value!r}; allowed: {', '.join(map(repr, args))}"
+            )
         return value
     if origin in (typing.Union, types.UnionType):
         errors = []

@@ -1,13 +1,13 @@
 """The run directory: what a training run leaves behind, and loading it back.
 
-    RUN_DIR/
-      config.toml      the resolved config
-      vocab.txt        "word<TAB>count" per id
-      metrics.jsonl    one JSON object per logged step / validation
-      last.pt          resumable checkpoint (model, optimiser, schedule, position, RNG, carried state)
-      best.pt          the model with the best validation perplexity
-      results.json     final valid/test perplexity, parameters, wall time
-      report.md        the same as a report, with learning_curve.png
+RUN_DIR/
+  config.toml      the resolved config
+  vocab.txt        "word<TAB>count" per id
+  metrics.jsonl    one JSON object per logged step / validation
+  last.pt          resumable checkpoint (model, optimiser, schedule, position, RNG, carried state)
+  best.pt          the model with the best validation perplexity
+  results.json     final valid/test perplexity, parameters, wall time
+  report.md        the same as a report, with learning_curve.png
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from targetlm.modules.model import LanguageModel, build_model
 from targetlm.training.checkpoint import CheckpointError, load
 
 CONFIG, VOCAB, METRICS, LAST, BEST, RESULTS, REPORT = (
-    "config.toml", "vocab.txt", "metrics.jsonl", "last.pt", "best.pt", "results.json", "report.md",
+    "config.toml",
+    "vocab.txt",
+    "metrics.jsonl",
+    "last.pt",
+    "best.pt",
+    "results.json",
+    "report.md",
 )
 
 
@@ -38,7 +44,9 @@ def load_state_into(model: LanguageModel, state: dict, vocab: Vocabulary, where:
         ) from None
 
 
-def load_run(run_dir: str | Path, overrides: list[str] = ()) -> tuple[Config, Vocabulary, LanguageModel, dict]:
+def load_run(
+    run_dir: str | Path, overrides: list[str] = ()
+) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet).
 
     ``overrides`` (``--set``) change data/eval settings, e.g. ``data.dir`` or ``eval.batch_size``.

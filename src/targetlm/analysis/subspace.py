@@ -21,7 +21,9 @@ from targetlm.config import Config
 from targetlm.training.trainer import Trainer
 
 
-def sweep(betas: Sequence[float], taus: Sequence[float], beta_tau: float) -> list[tuple[float, float]]:
+def sweep(
+    betas: Sequence[float], taus: Sequence[float], beta_tau: float
+) -> list[tuple[float, float]]:
     """The paper's two panels: β sweep at τ = ``beta_tau``, then τ sweep at β = 1 (no duplicates)."""
     settings = [(beta, beta_tau) for beta in betas] + [(1.0, tau) for tau in taus]
     return list(dict.fromkeys(settings))
@@ -52,11 +54,16 @@ def run_subspace_analysis(
             input_table = trainer.model.embedding.table()
             output_table, _ = trainer.model.output()
             distance = float(functional.subspace_distance(input_table, output_table))
-        rows.append({"beta": beta, "tau": tau, "distance": distance, "valid_ppl": results["valid"]["ppl"]})
+        rows.append(
+            {"beta": beta, "tau": tau, "distance": distance, "valid_ppl": results["valid"]["ppl"]}
+        )
         log(f"  distance {distance:.3f}, valid ppl {results['valid']['ppl']:.1f}")
     (out_dir / "subspace.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
     lines = ["| β | τ | subspace distance | valid ppl |", "|---:|---:|---:|---:|"]
-    lines += [f"| {r['beta']:g} | {r['tau']:g} | {r['distance']:.3f} | {r['valid_ppl']:.1f} |" for r in rows]
+    lines += [
+        f"| {r['beta']:g} | {r['tau']:g} | {r['distance']:.3f} | {r['valid_ppl']:.1f} |"
+        for r in rows
+    ]
     (out_dir / "subspace.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     plot(rows, out_dir / "subspace.png")
     return rows
@@ -71,7 +78,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     beta_taus = {r["tau"] for r in rows if r["beta"] != 1.0}
     beta_tau = beta_taus.pop() if len(beta_taus) == 1 else None
-    beta_rows = sorted((r["beta"], r["distance"]) for r in rows if beta_tau is None or r["tau"] == beta_tau)
+    beta_rows = sorted(
+        (r["beta"], r["distance"]) for r in rows if beta_tau is None or r["tau"] == beta_tau
+    )
     tau_rows = sorted((r["tau"], r["distance"]) for r in rows if r["beta"] == 1.0)
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     if beta_rows:

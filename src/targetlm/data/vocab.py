@@ -33,7 +33,7 @@ def read_tokens(path: str | Path, lowercase: bool = False) -> list[str]:
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         raise DataError(
-            f"{path}, line {line}: undecodable bytes (not UTF-8): {raw[error.start:error.end]!r}"
+            f"{path}, line {line}: undecodable bytes (not UTF-8): {raw[error.start : error.end]!r}"
         ) from None
     return tokens_from_text(text, lowercase)
 
@@ -63,7 +63,9 @@ class Vocabulary:
         if len(words) != len(counts):
             raise DataError("vocabulary: words and counts differ in length")
         if list(words[: len(SPECIALS)]) != list(SPECIALS):
-            raise DataError(f"vocabulary: must start with {', '.join(SPECIALS)}, got {list(words[:2])}")
+            raise DataError(
+                f"vocabulary: must start with {', '.join(SPECIALS)}, got {list(words[:2])}"
+            )
         self.itos = list(words)
         self.counts = list(counts)
         self.stoi = {w: i for i, w in enumerate(self.itos)}
@@ -133,7 +135,9 @@ class Vocabulary:
         for number, line in enumerate(text.splitlines(), 1):
             word, sep, count = line.rpartition("\t")
             if not sep or not count.isdigit():
-                raise DataError(f"vocabulary line {number}: expected 'word<TAB>count', got {line!r}")
+                raise DataError(
+                    f"vocabulary line {number}: expected 'word<TAB>count', got {line!r}"
+                )
             words.append(word)
             counts.append(int(count))
         return cls(words, counts)

@@ -7,7 +7,6 @@ import torch
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel
 
-
 PROMPT_CHUNK = 32
 
 

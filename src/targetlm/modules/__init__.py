@@ -6,7 +6,18 @@ from targetlm.modules.model import LanguageModel, build_model, detach_state, sta
 from targetlm.modules.outputs import OUTPUT_LAYERS, LookupOutput, OutputLayer, TiedOutput
 
 __all__ = [
-    "ENCODERS", "INPUT_EMBEDDINGS", "OUTPUT_LAYERS", "LanguageModel", "LockedDropout",
-    "LookupEmbedding", "LookupOutput", "LstmEncoder", "OutputLayer", "TiedOutput",
-    "TransformerEncoder", "build_model", "detach_state", "state_to_list",
+    "ENCODERS",
+    "INPUT_EMBEDDINGS",
+    "OUTPUT_LAYERS",
+    "LanguageModel",
+    "LockedDropout",
+    "LookupEmbedding",
+    "LookupOutput",
+    "LstmEncoder",
+    "OutputLayer",
+    "TiedOutput",
+    "TransformerEncoder",
+    "build_model",
+    "detach_state",
+    "state_to_list",
 ]

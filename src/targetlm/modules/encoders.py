@@ -160,7 +160,9 @@ class TransformerEncoder(nn.Module):
         if positions == "learned":
             self.positions = nn.Parameter(torch.randn(max_context, d) * 0.02)
         else:
-            self.register_buffer("positions", sinusoidal_positions(max_context, d), persistent=False)
+            self.register_buffer(
+                "positions", sinusoidal_positions(max_context, d), persistent=False
+            )
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(d, num_heads, ff_size, dropout) for _ in range(num_layers)
@@ -200,10 +202,15 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
+        q, k, v = (
+            self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
+        )
         attention = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # (B, heads, T, d/heads)
-            is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),  # (B, heads, T, d/heads)
+            is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0,
         )
         x = x + self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d)))
         return x + self.drop(self.ff(self.norm2(x)))

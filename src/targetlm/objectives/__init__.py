@@ -12,6 +12,7 @@ from torch import nn
 from targetlm import functional
 from targetlm.objectives.base import OBJECTIVES, LossOutput
 
+
 @OBJECTIVES.register("cross_entropy")
 class CrossEntropyObjective(nn.Module):
     """Next-word cross entropy, optionally label-smoothed (``label_smoothing`` = ε in [0, 1))."""
@@ -30,7 +31,9 @@ class CrossEntropyObjective(nn.Module):
         bias: torch.Tensor | None,
     ) -> LossOutput:
         logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
-        loss, nll_sum, count = functional.cross_entropy(logits, targets.reshape(-1), self.label_smoothing)
+        loss, nll_sum, count = functional.cross_entropy(
+            logits, targets.reshape(-1), self.label_smoothing
+        )
         return LossOutput(loss, nll_sum, count)
 
 

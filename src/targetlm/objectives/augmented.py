@@ -51,7 +51,11 @@ class AugmentedLossObjective(nn.Module):
         self.detach_target = detach_target
 
     def forward(
-        self, predicted: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+        self,
+        predicted: torch.Tensor,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
     ) -> LossOutput:
         logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         targets = targets.reshape(-1)
@@ -59,7 +63,9 @@ class AugmentedLossObjective(nn.Module):
         mask = targets != IGNORE
         if count == 0:
             return LossOutput(ce, nll_sum, count)
-        kl = functional.augmented_kl(logits[mask], targets[mask], weight, self.tau, self.detach_target).mean()
+        kl = functional.augmented_kl(
+            logits[mask], targets[mask], weight, self.tau, self.detach_target
+        ).mean()
         if self.beta is None:
             loss = ce + self.alpha * kl
         else:

@@ -5,6 +5,12 @@ from targetlm.training.optim import LrSchedule, build_optimizer
 from targetlm.training.trainer import RunDirError, Trainer, TrainingDiverged, train
 
 __all__ = [
-    "CheckpointError", "LrSchedule", "RunDirError", "Trainer", "TrainingDiverged",
-    "build_optimizer", "save_atomic", "train",
+    "CheckpointError",
+    "LrSchedule",
+    "RunDirError",
+    "Trainer",
+    "TrainingDiverged",
+    "build_optimizer",
+    "save_atomic",
+    "train",
 ]

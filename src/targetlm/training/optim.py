@@ -16,9 +16,13 @@ from targetlm.config import TrainConfig
 def build_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
     parameters = [p for p in parameters if p.requires_grad]
     if config.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        return torch.optim.SGD(
+            parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        )
     kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
-    return kind(parameters, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
+    return kind(
+        parameters, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay
+    )
 
 
 class LrSchedule:
@@ -59,7 +63,11 @@ class LrSchedule:
             self.bad_evaluations = 0
 
     def state_dict(self) -> dict[str, float]:
-        return {"reductions": self.reductions, "best": self.best, "bad_evaluations": self.bad_evaluations}
+        return {
+            "reductions": self.reductions,
+            "best": self.best,
+            "bad_evaluations": self.bad_evaluations,
+        }
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.reductions = int(state["reductions"])

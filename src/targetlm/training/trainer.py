@@ -33,7 +33,13 @@ from targetlm.training.checkpoint import load as load_checkpoint
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
 
 # keys a resumed run may change: the budget and cosmetics, never the model or the data
-RESUMABLE_CHANGES = {"train.epochs", "train.max_steps", "train.progress", "train.threads", "train.log_every"}
+RESUMABLE_CHANGES = {
+    "train.epochs",
+    "train.max_steps",
+    "train.progress",
+    "train.threads",
+    "train.log_every",
+}
 
 
 class TrainingDiverged(RuntimeError):
@@ -59,7 +65,11 @@ class Trainer:
     """Train ``config`` in ``run_dir`` (new and empty, or resumed with ``resume=True``)."""
 
     def __init__(
-        self, config: Config, run_dir: str | Path, resume: bool = False, log: Callable[[str], None] = print
+        self,
+        config: Config,
+        run_dir: str | Path,
+        resume: bool = False,
+        log: Callable[[str], None] = print,
     ) -> None:
         self.config = config
         self.run_dir = Path(run_dir)
@@ -108,8 +118,12 @@ class Trainer:
         self.test_ids = ids[c.data.test]
         self.batches = StreamBatches(self.train_ids, c.data.batch_size, c.data.bptt, pad=False)
         self.model = build_model(c.model, len(self.vocab)).to(self.device)
-        self.objective = OBJECTIVES.build(c.objective.kind, c.objective.options, "objective").to(self.device)
-        self.optimizer = build_optimizer(c.train, list(self.model.parameters()) + list(self.objective.parameters()))
+        self.objective = OBJECTIVES.build(c.objective.kind, c.objective.options, "objective").to(
+            self.device
+        )
+        self.optimizer = build_optimizer(
+            c.train, list(self.model.parameters()) + list(self.objective.parameters())
+        )
         self.schedule = LrSchedule(c.train)
         self.epoch, self.batch_index, self.step = 1, 0, 0
         self.best_valid, self.bad_evaluations = math.inf, 0
@@ -130,7 +144,9 @@ class Trainer:
                 f"{self.run_dir / runs.LAST}: checkpoint vocabulary ({len(saved_vocab)} words) does not "
                 f"match the training data's vocabulary ({len(self.vocab)} words)"
             )
-        runs.load_state_into(self.model, checkpoint["model"], self.vocab, str(self.run_dir / runs.LAST))
+        runs.load_state_into(
+            self.model, checkpoint["model"], self.vocab, str(self.run_dir / runs.LAST)
+        )
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.schedule.load_state_dict(checkpoint["schedule"])
         p = checkpoint["progress"]
@@ -145,7 +161,8 @@ class Trainer:
         # forget metrics logged after the checkpoint: they will be logged again
         metrics = self.run_dir / runs.METRICS
         kept = [
-            line for line in metrics.read_text(encoding="utf-8").splitlines()
+            line
+            for line in metrics.read_text(encoding="utf-8").splitlines()
             if line and json.loads(line)["step"] <= self.step
         ]
         metrics.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
@@ -158,8 +175,11 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(),
                 "schedule": self.schedule.state_dict(),
                 "progress": {
-                    "epoch": self.epoch, "batch_index": self.batch_index, "step": self.step,
-                    "best_valid": self.best_valid, "bad_evaluations": self.bad_evaluations,
+                    "epoch": self.epoch,
+                    "batch_index": self.batch_index,
+                    "step": self.step,
+                    "best_valid": self.best_valid,
+                    "bad_evaluations": self.bad_evaluations,
                     "elapsed": self.elapsed,
                 },
                 "state": state_to_list(detach_state(self.state)),
@@ -197,7 +217,11 @@ class Trainer:
         """Validate, keep the best model, step the schedule; True when training should stop early."""
         c = self.config
         result = evaluate_stream(
-            self.model, self.valid_ids, c.eval.batch_size, c.eval.segment or c.data.bptt, self.device
+            self.model,
+            self.valid_ids,
+            c.eval.batch_size,
+            c.eval.segment or c.data.bptt,
+            self.device,
         )
         self.schedule.on_validation(result["nll"])
         improved = result["ppl"] < self.best_valid
@@ -206,14 +230,18 @@ class Trainer:
             self._save_best(result["ppl"])
         else:
             self.bad_evaluations += 1
-        self._write_metrics({"kind": "valid", "step": self.step, "epoch": self.epoch, "ppl": result["ppl"]})
+        self._write_metrics(
+            {"kind": "valid", "step": self.step, "epoch": self.epoch, "ppl": result["ppl"]}
+        )
         self.log(
             f"epoch {self.epoch} step {self.step}: valid ppl {result['ppl']:.2f}"
             + (" (best)" if improved else f" (no improvement x{self.bad_evaluations})")
         )
         return bool(c.train.early_stopping) and self.bad_evaluations >= c.train.early_stopping
 
-    def _train_step(self, inputs: torch.Tensor, targets: torch.Tensor, lr: float) -> tuple[float, int]:
+    def _train_step(
+        self, inputs: torch.Tensor, targets: torch.Tensor, lr: float
+    ) -> tuple[float, int]:
         c = self.config.train
         set_lr(self.optimizer, lr)
         state = detach_state(self.state) if c.carry_state else None
@@ -250,10 +278,14 @@ class Trainer:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
         if self.stop_requested:
-            self.log(f"interrupted: resumable checkpoint in {self.run_dir / runs.LAST} (use --resume)")
+            self.log(
+                f"interrupted: resumable checkpoint in {self.run_dir / runs.LAST} (use --resume)"
+            )
             return {"interrupted": True, "step": self.step}
         if c.max_steps and self.step >= c.max_steps and not self._finished_epochs():
-            self.log(f"stopped at max_steps={c.max_steps}; resumable checkpoint in {self.run_dir / runs.LAST}")
+            self.log(
+                f"stopped at max_steps={c.max_steps}; resumable checkpoint in {self.run_dir / runs.LAST}"
+            )
         return self.finish()
 
     def _finished_epochs(self) -> bool:
@@ -270,8 +302,12 @@ class Trainer:
         while self.epoch <= c.epochs:
             order = self._order()
             bar = tqdm(
-                total=len(order), initial=self.batch_index, disable=not c.progress,
-                desc=f"epoch {self.epoch}", leave=False, dynamic_ncols=True,
+                total=len(order),
+                initial=self.batch_index,
+                disable=not c.progress,
+                desc=f"epoch {self.epoch}",
+                leave=False,
+                dynamic_ncols=True,
             )
             while self.batch_index < len(order):
                 if (c.max_steps and self.step >= c.max_steps) or self.stop_requested:
@@ -288,13 +324,21 @@ class Trainer:
                 if self.step % c.log_every == 0:
                     seconds = time.perf_counter() - log_start
                     record = {
-                        "kind": "train", "step": self.step, "epoch": self.epoch, "lr": lr,
-                        "loss": log_nll / log_count, "ppl": perplexity(log_nll / log_count),
+                        "kind": "train",
+                        "step": self.step,
+                        "epoch": self.epoch,
+                        "lr": lr,
+                        "loss": log_nll / log_count,
+                        "ppl": perplexity(log_nll / log_count),
                         "tok_s": log_count / max(seconds, 1e-9),
                     }
                     self._write_metrics(record)
-                    bar.set_postfix(loss=f"{record['loss']:.3f}", ppl=f"{record['ppl']:.1f}",
-                                    tok_s=f"{record['tok_s']:.0f}", lr=f"{lr:.3g}")
+                    bar.set_postfix(
+                        loss=f"{record['loss']:.3f}",
+                        ppl=f"{record['ppl']:.1f}",
+                        tok_s=f"{record['tok_s']:.0f}",
+                        lr=f"{lr:.3g}",
+                    )
                     log_nll, log_count, log_start = 0.0, 0, time.perf_counter()
                 if c.eval_every and self.step % c.eval_every == 0:
                     stop = self._validate()
@@ -316,7 +360,9 @@ class Trainer:
                 return
 
     def _stop_early(self) -> None:
-        self.log(f"early stopping: no improvement in {self.config.train.early_stopping} validations")
+        self.log(
+            f"early stopping: no improvement in {self.config.train.early_stopping} validations"
+        )
         self.epoch = self.config.train.epochs + 1
 
     @property
@@ -342,10 +388,15 @@ class Trainer:
             results[name]["oov_rate"] = self.vocab.oov_rate(tokens)
             results[name]["unigram_ppl"] = self.vocab.unigram_perplexity(tokens)
         results.update(
-            params=self.model.parameter_counts(), total_params=sum(self.model.parameter_counts().values()),
-            wall_time_s=wall_time, steps=self.step, vocab_size=len(self.vocab),
+            params=self.model.parameter_counts(),
+            total_params=sum(self.model.parameter_counts().values()),
+            wall_time_s=wall_time,
+            steps=self.step,
+            vocab_size=len(self.vocab),
         )
-        (self.run_dir / runs.RESULTS).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        (self.run_dir / runs.RESULTS).write_text(
+            json.dumps(results, indent=2) + "\n", encoding="utf-8"
+        )
         write_report(self.run_dir, self.config, results)
         self.log(
             f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f} "
@@ -374,7 +425,9 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (tuple, list)) else value
 
 
-def train(config: Config, run_dir: str | Path, resume: bool = False, **kwargs: Any) -> dict[str, Any]:
+def train(
+    config: Config, run_dir: str | Path, resume: bool = False, **kwargs: Any
+) -> dict[str, Any]:
     """Convenience: ``Trainer(config, run_dir, resume).train()``."""
     if not isinstance(config, Config):
         raise ConfigError("train() takes a targetlm.config.Config")
