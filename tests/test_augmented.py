@@ -177,3 +177,23 @@ def test_subspace_analysis_end_to_end(tmp_path, capsys):
     assert "| 0 | 10 |" in capsys.readouterr().out
     with open(tmp_path / "sub" / "beta0-tau10" / "config.toml") as handle:
         assert "unit_norm = true" in handle.read()
+
+
+def test_word_probs_equal_a_direct_computation(tmp_path, capsys):
+    from targetlm.cli import main
+    from targetlm.data import with_context_token
+    from targetlm.data.datasets import read_split
+    from targetlm.runs import load_run
+
+    Trainer(tiny_config(**{"train.epochs": 1}), tmp_path / "run", log=lambda m: None).train()
+    # batch 1: one row whose state is carried over segments, i.e. one long sequence
+    args = ["analyze", "word-probs", str(tmp_path / "run"), "--words", "<eos>,the", "--json"]
+    assert main([*args, "--set", "eval.batch_size=1"]) == 0
+    got = json.loads(capsys.readouterr().out)[str(tmp_path / "run")]
+    config, vocab, model, _ = load_run(tmp_path / "run")
+    ids = with_context_token(vocab.encode(read_split(config.data, "test")), vocab.eos_id)
+    with torch.no_grad():
+        log_probs, _ = model.log_probs(ids[None, :-1])  # one long row: every position once
+    for word in ("<eos>", "the"):
+        expected = float(log_probs[0, :, vocab.stoi[word]].exp().mean())
+        assert math.isclose(got[word], expected, rel_tol=1e-4)

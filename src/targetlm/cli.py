@@ -6,6 +6,7 @@
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
     targetlm analyze subspace --out DIR [--config C] [--set ...] [--betas ...] [--taus ...]
+    targetlm analyze word-probs RUN_DIR [RUN_DIR ...] [--words W,W,...] [--split test]
 
 Every expected failure (bad config, missing data, unusable checkpoint or run
 directory, diverged training) is one line on stderr and a non-zero exit.
@@ -163,6 +164,38 @@ def _analyze_subspace(args: argparse.Namespace) -> int:
     return 0 if rows else 1
 
 
+def _analyze_word_probs(args: argparse.Namespace) -> int:
+    from targetlm.analysis.word_probs import mean_word_probabilities
+    from targetlm.runs import load_run
+
+    rows = []
+    for run_dir in args.run_dirs:
+        config, vocab, model, _ = load_run(run_dir, args.set)
+        missing = [w for w in args.words if w not in vocab]
+        if missing:
+            raise DataError(f"{run_dir}: not in the vocabulary: {', '.join(missing)}")
+        tokens = read_split(config.data, getattr(config.data, args.split))
+        ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
+        segment = config.eval.segment or config.data.bptt
+        result = mean_word_probabilities(
+            model, ids, [vocab.stoi[w] for w in args.words], config.eval.batch_size, segment
+        )
+        rows.append((str(run_dir), result))
+    if args.json:
+        print(json.dumps({run: dict(zip(args.words, r["mean_prob"])) for run, r in rows}))
+        return 0
+    print(f"mean predicted probability on the {args.split} split (frequency in the text)")
+    print(
+        f"{'word':<10}"
+        + "".join(f"{Path(run).name[-22:]:>24}" for run, _ in rows)
+        + f"{'frequency':>12}"
+    )
+    for i, word in enumerate(args.words):
+        cells = "".join(f"{r['mean_prob'][i]:>24.4f}" for _, r in rows)
+        print(f"{word:<10}{cells}{rows[0][1]['frequency'][i]:>12.4f}")
+    return 0
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -219,6 +252,20 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--taus", type=_floats, default=[2.0, 5.0, 10.0, 20.0])
     a.add_argument("--beta-tau", type=float, default=10.0, help="τ of the β sweep")
     a.set_defaults(func=_analyze_subspace)
+
+    a = analyses.add_parser(
+        "word-probs", help="mean predicted probability of chosen words (Inan et al.)"
+    )
+    a.add_argument("run_dirs", nargs="+", type=Path)
+    a.add_argument(
+        "--words",
+        type=lambda t: t.split(","),
+        default=["<unk>", "the", "of", "a", "and", "to", "in"],
+    )
+    a.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=_analyze_word_probs)
 
     p = sub.add_parser("data", help="dataset information and download")
     p.add_argument("action", choices=["info", "download"])
