@@ -83,12 +83,11 @@ class Trainer:
         if self.resume:
             if not (self.run_dir / runs.LAST).is_file():
                 raise RunDirError(f"nothing to resume: {self.run_dir / runs.LAST} does not exist")
-            saved = config_lib.load(self.run_dir / runs.CONFIG).to_dict()
+            saved = _flatten(config_lib.load(self.run_dir / runs.CONFIG).to_dict())
+            current = _flatten(self.config.to_dict())
             changed = {
-                key
-                for key, value in _flatten(self.config.to_dict()).items()
-                if _flatten(saved).get(key) != value
-            } | (set(_flatten(saved)) - set(_flatten(self.config.to_dict())))
+                key for key in saved.keys() | current.keys() if saved.get(key) != current.get(key)
+            }
             if changed - RESUMABLE_CHANGES:
                 raise RunDirError(
                     f"cannot resume {self.run_dir} with a different config: "
