@@ -197,3 +197,25 @@ def test_word_probs_equal_a_direct_computation(tmp_path, capsys):
     for word in ("<eos>", "the"):
         expected = float(log_probs[0, :, vocab.stoi[word]].exp().mean())
         assert math.isclose(got[word], expected, rel_tol=1e-4)
+
+
+def test_target_from_the_input_embedding():
+    """target_source = 'input': ỹ = softmax(L · L[y]ᵀ / τ) from the input embedding, not E_out."""
+    from targetlm.modules import LookupEmbedding
+
+    torch.manual_seed(0)
+    embedding = LookupEmbedding(vocab_size=9, size=4, unit_norm=True)
+    objective = AugmentedLossObjective(
+        tau=2.0, alpha=1.0, target_source="input", embedding=embedding
+    )
+    predicted, targets = torch.randn(2, 3, 4), torch.randint(9, (2, 3))
+    weight, bias = torch.randn(9, 4), torch.randn(9)
+    logits = F.linear(predicted.reshape(-1, 4), weight, bias)
+    expected = (
+        F.cross_entropy(logits, targets.reshape(-1))
+        + functional.augmented_kl(logits, targets.reshape(-1), embedding.table(), 2.0).mean()
+    )
+    torch.testing.assert_close(objective(predicted, targets, weight, bias).loss, expected)
+    assert list(objective.parameters()) == []  # the embedding stays the model's
+    with pytest.raises(ValueError, match="input embedding"):
+        AugmentedLossObjective(target_source="input")

@@ -191,12 +191,14 @@ def validate(config: Config) -> None:
     # type and value is checked by the constructors themselves.
     with torch.device("meta"):
         model = build_model(config.model, vocab_size=8)
+        OBJECTIVES.build(
+            config.objective.kind, config.objective.options, "objective", embedding=model.embedding
+        )
     context = getattr(model.encoder, "max_context", None)
     if context is not None:
         for key, value in (("data.bptt", config.data.bptt), ("eval.segment", config.eval.segment)):
             if value > context:
                 raise ConfigError(f"{key}: {value} exceeds model.encoder.max_context = {context}")
-    OBJECTIVES.build(config.objective.kind, config.objective.options, "objective")
     positive = {
         "data.batch_size": config.data.batch_size,
         "data.bptt": config.data.bptt,

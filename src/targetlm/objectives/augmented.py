@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import nn
 
@@ -26,6 +28,11 @@ class AugmentedLossObjective(nn.Module):
         label_smoothing: ε of the cross-entropy term.
         detach_target: treat ỹ as a constant (the paper's analysis); false lets gradients
             reach ``E_out`` through ỹ as well.
+        target_source: ``output`` builds ỹ from ``E_out`` (works with every output layer; for
+            tied models it is the input embedding anyway); ``input`` builds it from the input
+            embedding L, ``ỹ = softmax(L · L[y]ᵀ / τ)``, as the paper's untied subspace analysis
+            (Fig. 1) does: only then does the KL term pull W into the span of L.
+        embedding: the model's input embedding (supplied by the builder).
     """
 
     def __init__(
@@ -36,8 +43,12 @@ class AugmentedLossObjective(nn.Module):
         beta: float | None = None,
         label_smoothing: float = 0.0,
         detach_target: bool = True,
+        target_source: Literal["output", "input"] = "output",
+        embedding: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        if target_source == "input" and embedding is None:
+            raise ValueError("target_source = 'input' needs the model's input embedding")
         if tau <= 0:
             raise ValueError(f"tau must be > 0, got {tau}")
         if beta is not None and not 0 <= beta <= 1:
@@ -49,6 +60,8 @@ class AugmentedLossObjective(nn.Module):
         self.beta = beta
         self.label_smoothing = label_smoothing
         self.detach_target = detach_target
+        # a list so the embedding's parameters stay owned (and counted) by the model only
+        self.embedding = [embedding] if target_source == "input" else None
 
     def forward(
         self,
@@ -63,8 +76,9 @@ class AugmentedLossObjective(nn.Module):
         mask = targets != IGNORE
         if count == 0:
             return LossOutput(ce, nll_sum, count)
+        table = weight if self.embedding is None else self.embedding[0].table()
         kl = functional.augmented_kl(
-            logits[mask], targets[mask], weight, self.tau, self.detach_target
+            logits[mask], targets[mask], table, self.tau, self.detach_target
         ).mean()
         if self.beta is None:
             loss = ce + self.alpha * kl

@@ -9,7 +9,8 @@ from torch import nn
 
 from targetlm.registry import Registry
 
-OBJECTIVES: Registry[nn.Module] = Registry("objective")
+# builders may hand objectives the built input embedding (Inan et al.'s analysis builds ỹ from it)
+OBJECTIVES: Registry[nn.Module] = Registry("objective", context=("embedding",))
 
 
 @dataclass

@@ -117,9 +117,9 @@ class Trainer:
         self.test_ids = ids[c.data.test]
         self.batches = StreamBatches(self.train_ids, c.data.batch_size, c.data.bptt, pad=False)
         self.model = build_model(c.model, len(self.vocab)).to(self.device)
-        self.objective = OBJECTIVES.build(c.objective.kind, c.objective.options, "objective").to(
-            self.device
-        )
+        self.objective = OBJECTIVES.build(
+            c.objective.kind, c.objective.options, "objective", embedding=self.model.embedding
+        ).to(self.device)
         self.optimizer = build_optimizer(
             c.train, list(self.model.parameters()) + list(self.objective.parameters())
         )
