@@ -4,6 +4,7 @@ dataset resolution and download (no network), and the real corpora's published c
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import io
 import math
@@ -493,17 +494,7 @@ def test_download_md5_checked_archive(monkeypatch, tmp_path):
     (tmp_path / "wt.zip").write_bytes(blob)
     good = Remote((tmp_path / "wt.zip").as_uri(), md5=hashlib.md5(blob).hexdigest())
     spec = datasets.DATASETS["wikitext-103"]
-    monkeypatch.setitem(
-        datasets.DATASETS,
-        "wikitext-103",
-        DatasetSpec(
-            spec.name,
-            spec.description,
-            spec.splits,
-            archive=good,
-            unpack=spec.unpack,
-        ),
-    )
+    monkeypatch.setitem(datasets.DATASETS, "wikitext-103", dataclasses.replace(spec, archive=good))
     target = download("wikitext-103", tmp_path / "wt103")
     assert read_split(DataConfig(name="wikitext-103", dir=str(target)), "test") == [
         "=",
@@ -513,17 +504,7 @@ def test_download_md5_checked_archive(monkeypatch, tmp_path):
     ]
 
     bad = Remote(good.url, md5="0" * 32)
-    monkeypatch.setitem(
-        datasets.DATASETS,
-        "wikitext-103",
-        DatasetSpec(
-            spec.name,
-            spec.description,
-            spec.splits,
-            archive=bad,
-            unpack=spec.unpack,
-        ),
-    )
+    monkeypatch.setitem(datasets.DATASETS, "wikitext-103", dataclasses.replace(spec, archive=bad))
     with pytest.raises(DataError, match="md5 mismatch"):
         download("wikitext-103", tmp_path / "other")
     assert not (tmp_path / "other").exists()
