@@ -84,6 +84,44 @@ def test_target_is_detached_by_default():
     assert torch.count_nonzero(embeddings.grad) > 0
 
 
+def _reference_kl(logits, targets, embeddings, tau):
+    """KL(ỹ ‖ ŷ) position by position with plain autograd (no dedup, no custom backward)."""
+    rows = []
+    for logit, target in zip(logits, targets):
+        y_tilde = torch.softmax(embeddings @ embeddings[target] / tau, -1)
+        rows.append((y_tilde * (y_tilde.log() - torch.log_softmax(logit / tau, -1))).sum())
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("detach_target", [True, False])
+def test_kl_with_repeated_targets_matches_reference_and_gradcheck(detach_target):
+    logits, _, embeddings = _inputs(n=7, v=5, d=3)
+    targets = torch.tensor([1, 3, 1, 1, 0, 3, 4])  # repeats: ỹ is computed once per distinct target
+    logits = logits.double().requires_grad_()
+    embeddings = embeddings.double().requires_grad_(not detach_target)
+    got = functional.augmented_kl(logits, targets, embeddings, 1.5, detach_target)
+    want = _reference_kl(logits, targets, embeddings, 1.5)
+    torch.testing.assert_close(got, want)
+    inputs = (logits,) if detach_target else (logits, embeddings)
+
+    def kl(*args):
+        weights = args[1] if len(args) > 1 else embeddings
+        return functional.augmented_kl(args[0], targets, weights, 1.5, detach_target)
+
+    assert torch.autograd.gradcheck(kl, inputs)
+
+
+def test_objective_ignores_padding_like_an_unpadded_batch():
+    torch.manual_seed(0)
+    predicted, weight, bias = torch.randn(1, 6, 4), torch.randn(9, 4), torch.randn(9)
+    targets = torch.tensor([[2, 5, 5, 1, -100, -100]])
+    objective = AugmentedLossObjective(tau=2.0, alpha=0.7)
+    padded = objective(predicted, targets, weight, bias)
+    unpadded = objective(predicted[:, :4], targets[:, :4], weight, bias)
+    torch.testing.assert_close(padded.loss, unpadded.loss)
+    assert padded.count == unpadded.count == 4
+
+
 def test_objective_forms():
     torch.manual_seed(0)
     predicted, targets, weight, bias = (

@@ -6,6 +6,9 @@ the N-gram total loss and the head ensemble (Heo et al.) here.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -43,7 +46,7 @@ def cross_entropy(
     if count == 0:
         zero = logits.sum() * 0.0
         return zero, zero.detach(), 0
-    logits = logits.float()
+    logits = _at_least_float32(logits)
     if label_smoothing == 0.0:
         nll_sum = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="sum")
         return nll_sum / count, nll_sum.detach(), count
@@ -72,7 +75,7 @@ def augmented_loss(
     ``detach_target`` (default) treats ỹ as a constant, as the paper's analysis (eqs. 3.4-3.5)
     differentiates with respect to the logits only.
     """
-    ce = F.cross_entropy(logits.float(), targets, reduction="none")
+    ce = F.cross_entropy(_at_least_float32(logits), targets, reduction="none")
     return (
         ce + alpha * augmented_kl(logits, targets, output_embeddings, tau, detach_target)
     ).mean()
@@ -85,13 +88,57 @@ def augmented_kl(
     tau: float,
     detach_target: bool = True,
 ) -> torch.Tensor:
-    """Per position ``KL(ỹ ‖ ŷ)`` of :func:`augmented_loss` (N,), in nats."""
-    similarity = output_embeddings[targets] @ output_embeddings.t()  # (N, V)
-    target_log_probs = torch.log_softmax(similarity.float() / tau, -1)
+    """Per position ``KL(ỹ ‖ ŷ)`` of :func:`augmented_loss` (N,), in nats.
+
+    ỹ depends only on the target word, so it is computed once per distinct target (running
+    text repeats its frequent words). With ``detach_target`` ỹ is built without autograd and
+    the KL goes through :class:`_DetachedTargetKL`, whose backward is the paper's eq. (3.4),
+    ``∂KL/∂logits = (ŷ − ỹ)/τ``, in a few fused passes over the (N, V) logits.
+    """
+    unique, inverse = torch.unique(targets, return_inverse=True)  # (U,), (N,)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_target):
+        similarity = output_embeddings[unique] @ output_embeddings.t()  # (U, V)
+        target_log_probs = torch.log_softmax(_at_least_float32(similarity) / tau, -1)
+        target_probs = target_log_probs.exp()
+        neg_entropy = (target_probs * target_log_probs).sum(-1)  # (U,): Σ ỹ log ỹ
     if detach_target:
-        target_log_probs = target_log_probs.detach()
-    log_probs = torch.log_softmax(logits.float() / tau, -1)
-    return (target_log_probs.exp() * (target_log_probs - log_probs)).sum(-1)
+        return _DetachedTargetKL.apply(logits, target_probs, neg_entropy, inverse, tau)
+    scaled = _at_least_float32(logits) / tau  # (N, V)
+    # Σ ỹ log ŷ = ỹ · logits/τ − logsumexp(logits/τ), as Σ ỹ = 1
+    cross = torch.linalg.vecdot(target_probs[inverse], scaled) - torch.logsumexp(scaled, -1)
+    return neg_entropy[inverse] - cross
+
+
+class _DetachedTargetKL(torch.autograd.Function):
+    """``KL(ỹ_i ‖ softmax(z_i/τ))`` for a constant ỹ, with the gradient ``(ŷ − ỹ)/τ`` written out.
+
+    Autograd through log-softmax, gather, product and sum makes about five times as many
+    passes over the (N, V) logits; at vocabulary 10k those passes, not the matmuls, were
+    most of AL's cost.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, target_probs, neg_entropy, inverse, tau):  # noqa: D102
+        # logits (N, V); target_probs (U, V) and neg_entropy (U,) per distinct target; inverse (N,)
+        scaled = _at_least_float32(logits) / tau
+        log_normaliser = torch.logsumexp(scaled, -1)  # (N,)
+        cross = torch.linalg.vecdot(target_probs[inverse], scaled) - log_normaliser
+        ctx.save_for_backward(logits, log_normaliser, target_probs, inverse)
+        ctx.tau = tau
+        return neg_entropy[inverse] - cross
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        logits, log_normaliser, target_probs, inverse = ctx.saved_tensors
+        tau = ctx.tau
+        grad_logits = (_at_least_float32(logits) / tau).sub_(log_normaliser[:, None]).exp_()  # ŷ
+        grad_logits.sub_(target_probs[inverse]).mul_(grad[:, None] / tau)
+        return grad_logits.to(logits.dtype), None, None, None, None
+
+
+def _at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Softmax statistics in float32 for half/bfloat16 inputs; float64 stays float64 (gradcheck)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def subspace_distance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -109,3 +156,93 @@ def subspace_distance(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     small, large = (qx, qy) if qx.size(1) <= qy.size(1) else (qy, qx)
     residual = small - large @ (large.t() @ small)
     return torch.sqrt((residual * residual).sum() / small.size(1)).clamp(max=1.0)
+
+
+# --- Heo, Rim & Choi (2024, 2025): N-gram prediction, word difference representations ---
+
+
+def wdr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """n-level word difference representation along time (Heo et al. 2025, eqs. 7-8).
+
+    x (B, T, d) -> (B, T, d) by the recursion ``Δ_0 x_t = x_t``,
+    ``Δ_n x_t = Δ_{n−1} x_{t+1} − Δ_{n−1} x_t``. Boundary rule: where t+1 does not exist
+    (t = T) the recursion uses the last available value, ``Δ_{n−1} x_{T+1} := Δ_{n−1} x_T``,
+    so ``Δ_n x_T = 0`` for n ≥ 1. For t ≤ T−n it equals eq. (9),
+    ``Σ_{i=0}^{n} C(n,i)(−1)^i x_{t+n−i}``.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    for _ in range(n):
+        following = torch.cat([x[:, 1:], x[:, -1:]], 1)  # Δ_{n−1} x_{t+1}; the last one repeated
+        x = following - x
+    return x
+
+
+def wdr_conjugate(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Conjugate of the n-level WDR: ``Δ^r_n x_t = −Σ_{i=1}^{n} C(n,i)(−1)^i x_{t+n−i}``, detached.
+
+    x (B, T, d) -> (B, T, d). It reads x_t..x_{t+n−1} only, and ``Δ_n x_t + Δ^r_n x_t = x_{t+n}``
+    (eq. 9), so a head that predicts Δ_n x_t plus the conjugate of the true preceding words
+    predicts x_{t+n}. Zero for t > T−n, where x_{t+n} does not exist. Detached: a constant
+    offset, so no gradient reaches ``E_out`` through it.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    x = x.detach()
+    out = torch.zeros_like(x)
+    valid = max(x.size(1) - n, 0)  # positions t (0-based) with t + n < T
+    for i in range(1, n + 1):
+        out[:, :valid] -= math.comb(n, i) * (-1) ** i * x[:, n - i : n - i + valid]
+    return out
+
+
+def ngram_loss(losses: Sequence[torch.Tensor], alpha: float = 1.0) -> torch.Tensor:
+    """N-gram total loss (Heo et al. 2024): ``½·L₀ + α/(2N−2)·Σ_{n=1}^{N−1} L_n``.
+
+    losses: [L_0, ..., L_{N−1}] scalars, L_0 the next-word loss. α = 1 is the 2024 paper's
+    form (main and future heads weigh half each). One loss (N = 1) is returned unchanged.
+    """
+    if not losses:
+        raise ValueError("ngram_loss needs at least the main loss L_0")
+    if len(losses) == 1:
+        return losses[0]
+    heads = len(losses) - 1  # N − 1
+    return 0.5 * losses[0] + alpha / (2 * heads) * torch.stack(list(losses[1:])).sum()
+
+
+def ensemble(
+    main: torch.Tensor,
+    head_predictions: torch.Tensor,
+    lam: float,
+    available: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Head ensemble (Heo et al. 2025): ``x̂_ens = (1−λ)·x̂_t + λ/(N−1)·Σ_{n=1}^{N−1} ê_n``.
+
+    main (B, T, d): the main head's x̂_t. head_predictions (N−1, B, T, d): the heads'
+    estimates ê_n of the same word, each made from h_{t−n}. available (N−1, T) or
+    (N−1, B, T), bool: which ê_n exist. Rule where some do not (the start of a stream):
+    the mean runs over the available heads only; with none available the result is x̂_t.
+    λ = 0 returns ``main`` itself.
+    """
+    if lam == 0 or head_predictions.size(0) == 0:
+        return main
+    if available is None:
+        return (1 - lam) * main + lam * head_predictions.mean(0)
+    weights = available.to(main.dtype)
+    if weights.dim() == 2:
+        weights = weights[:, None]  # (N−1, 1, T): the same for every row
+    weights = weights[..., None]  # (N−1, B or 1, T, 1)
+    count = weights.sum(0)  # (B or 1, T, 1)
+    mean = (head_predictions * weights).sum(0) / count.clamp(min=1)
+    return torch.where(count > 0, (1 - lam) * main + lam * mean, main)
+
+
+def gradient_diversity(per_example_grads: torch.Tensor) -> torch.Tensor:
+    """Gradient diversity (Yin et al. 2018; Heo et al. 2025 eq. 14): ``Σ_i ‖g_i‖² / ‖Σ_i g_i‖²``.
+
+    per_example_grads (B, P): one flattened gradient per example (or micro-batch). 1/B when
+    all gradients are equal, 1 when they are orthogonal, larger when they cancel: the more
+    diverse, the larger. Computed in float64.
+    """
+    g = per_example_grads.double()
+    return (g * g).sum() / g.sum(0).pow(2).sum()

@@ -73,13 +73,13 @@ class AugmentedLossObjective(nn.Module):
         logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         targets = targets.reshape(-1)
         ce, nll_sum, count = functional.cross_entropy(logits, targets, self.label_smoothing)
-        mask = targets != IGNORE
         if count == 0:
             return LossOutput(ce, nll_sum, count)
+        if count < targets.numel():  # padding: score only real targets (a copy of the logits)
+            mask = targets != IGNORE
+            logits, targets = logits[mask], targets[mask]
         table = weight if self.embedding is None else self.embedding[0].table()
-        kl = functional.augmented_kl(
-            logits[mask], targets[mask], table, self.tau, self.detach_target
-        ).mean()
+        kl = functional.augmented_kl(logits, targets, table, self.tau, self.detach_target).mean()
         if self.beta is None:
             loss = ce + self.alpha * kl
         else:
