@@ -3,8 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import targetlm.lexicon
 from targetlm import config as config_lib
 from targetlm.config import ComponentConfig, ModelConfig
+from targetlm.lexicon import Lexicon
 from targetlm.modules import ENCODERS, OUTPUT_LAYERS
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -21,7 +23,39 @@ ENCODER_OPTIONS = {
         "dropout": 0.0,
     },
 }
-OUTPUT_OPTIONS = {"lookup": {}, "tied": {}}
+CHAR_CNN = {"char_size": 8, "widths": [1, 2, 3], "channels_per_width": 8, "highway_layers": 1}
+OUTPUT_OPTIONS = {
+    "lookup": {},
+    "tied": {},
+    "bilinear": {},
+    "deep_residual": {"depth": 2, "activation": "tanh"},
+    "adaptive": {"cutoffs": [4, 12], "factor": 2.0},
+    "char_cnn": CHAR_CNN,
+    "groc": {"depth": 1, **CHAR_CNN},
+}
+
+
+def tiny_lexicon(words) -> Lexicon:
+    """A hand-written stand-in for WordNet over any word list: most words get relatives and a
+    gloss (some of it outside the list), some get only one of the two, some nothing."""
+    words = list(words)
+    n = len(words)
+    relations = {w: [words[(i + 1) % n], words[(i + 7) % n]] for i, w in enumerate(words) if i % 3}
+    definitions = {
+        w: ["a", "kind", "of", words[(i + 3) % n], "thing"]
+        for i, w in enumerate(words)
+        if i % 4 != 1
+    }
+    return Lexicon(relations, definitions)
+
+
+@pytest.fixture(autouse=True)
+def fake_wordnet(monkeypatch):
+    """Models built in tests ground GroC in :func:`tiny_lexicon`, never in the real WordNet
+    (tests of the WordNet reader call ``targetlm.lexicon.wordnet`` directly)."""
+    monkeypatch.setattr(
+        targetlm.lexicon, "load_lexicon", lambda words, *a, **k: tiny_lexicon(words)
+    )
 
 
 def model_config(

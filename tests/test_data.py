@@ -570,3 +570,19 @@ def test_real_corpus_counts(real_corpus, name, sizes, vocab_size):
     # valid and test contain no type missing from train
     assert vocab.oov_rate(splits["valid"]) == 0.0
     assert vocab.oov_rate(splits["test"]) == 0.0
+
+
+def test_split_slices_partition_a_file_by_lines(tmp_path):
+    lines = [f"w{i} x{i}" for i in range(10)]
+    (tmp_path / "news.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = DataConfig(name="brown", dir=str(tmp_path))
+    whole = read_split(config, "news")
+    parts = [read_split(config, s) for s in ("news[:0.8]", "news[0.8:0.9]", "news[0.9:]")]
+    assert [len(p) for p in parts] == [24, 3, 3]  # 8, 1 and 1 lines of 2 words + <eos>
+    assert parts[0] + parts[1] + parts[2] == whole
+    assert parts[1] == ["w8", "x8", EOS]
+    for bad in ("news[0.9:0.1]", "news[a:b]", "news[0.5:1.5]"):
+        with pytest.raises(DataError, match="split"):
+            read_split(config, bad)
+    with pytest.raises(DataError, match="empty"):
+        read_split(config, "news[0.5:0.52]")

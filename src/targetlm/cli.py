@@ -1,12 +1,14 @@
 """The ``targetlm`` command line.
 
     targetlm train CONFIG [--set key=value ...] [--run-dir DIR] [--resume]
-    targetlm eval RUN_DIR [--split valid|test] [--set key=value ...] [--json]
+    targetlm eval RUN_DIR [--split valid|test] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
     targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
+    targetlm lexicon stats --data NAME [--dir DIR] [--drop F --seed S] [--json]
     targetlm analyze subspace --out DIR [--config C] [--set ...] [--betas ...] [--taus ...]
     targetlm analyze word-probs RUN_DIR [RUN_DIR ...] [--words W,W,...] [--split test]
+    targetlm analyze tsne RUN_DIR --out PNG [--levels 0,1,2] [--tokens M] [--split test]
 
 Every expected failure (bad config, missing data, unusable checkpoint or run
 directory, diverged training) is one line on stderr and a non-zero exit.
@@ -47,15 +49,29 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from targetlm.inference import evaluate_stream
+    from targetlm.inference import evaluate_ensemble, evaluate_stream
     from targetlm.runs import load_run
 
     config, vocab, model, _ = load_run(args.run_dir, args.set)
+    if args.ensemble_lambda and (model.heads is None or model.heads.num_predictions < 2):
+        raise ConfigError(
+            f"--ensemble-lambda: {args.run_dir} has no N-gram heads (model.heads.kind = "
+            f"{config.model.heads.kind!r}, needs n >= 2)"
+        )
+    if any(not 0 <= lam <= 1 for lam in args.ensemble_lambda):
+        raise ConfigError(
+            f"--ensemble-lambda: every λ must be in [0, 1], got {args.ensemble_lambda}"
+        )
     split = getattr(config.data, args.split)
     tokens = read_split(config.data, split)
     ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
     segment = config.eval.segment or config.data.bptt
-    result = evaluate_stream(model, ids, config.eval.batch_size, segment, config.train.device)
+    if args.ensemble_lambda:  # one pass: the main head's ppl and every λ's
+        result = evaluate_ensemble(
+            model, ids, config.eval.batch_size, segment, args.ensemble_lambda, config.train.device
+        )
+    else:
+        result = evaluate_stream(model, ids, config.eval.batch_size, segment, config.train.device)
     result.update(
         split=args.split,
         file=split,
@@ -74,6 +90,8 @@ def _eval(args: argparse.Namespace) -> int:
             f"{args.split} ({split}): ppl {result['ppl']:.2f} over {result['tokens']:,} tokens, "
             f"OOV rate {result['oov_rate']:.2%}"
         )
+        for row in result.get("ensemble", []):
+            print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
     return 0
 
 
@@ -98,11 +116,13 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _describe(args: argparse.Namespace) -> int:
+    from targetlm.lexicon import Lexicon
     from targetlm.modules import build_model
 
     config = config_lib.load(args.config, args.set)
     vocab = Vocabulary.build(read_split(config.data, config.data.train))
-    model = build_model(config.model, len(vocab))
+    # parameters never depend on the lexicon's contents, so counting needs no WordNet
+    model = build_model(config.model, vocab.itos, lexicon=Lexicon())
     params = model.parameter_counts()
     total = sum(params.values())
     if args.json:
@@ -113,6 +133,7 @@ def _describe(args: argparse.Namespace) -> int:
         "input_embedding": config.model.embedding,
         "encoder": config.model.encoder,
         "output": config.model.output,
+        "heads": config.model.heads,
     }
     for name, count in params.items():
         kind = f" ({parts[name].kind})" if name in parts else ""
@@ -142,6 +163,25 @@ def _data(args: argparse.Namespace) -> int:
         if vocab is not None:
             line += f"{vocab.oov_rate(tokens):>10.2%}{vocab.unigram_perplexity(tokens):>13.1f}"
         print(line)
+    return 0
+
+
+def _lexicon(args: argparse.Namespace) -> int:
+    from targetlm.lexicon import load_lexicon
+
+    config = config_lib.DataConfig(name=args.data, dir=args.dir)
+    vocab = Vocabulary.build(read_split(config, config.train))
+    lexicon = load_lexicon(vocab.itos)
+    if args.drop:
+        lexicon = lexicon.without(args.drop, args.seed)
+    stats = {"data": args.data, **lexicon.coverage(vocab.itos)}
+    if args.json:
+        print(json.dumps(stats))
+    else:
+        print(
+            f"{args.data}: {stats['words']:,} words; WordNet relations {stats['relations']:.1%}, "
+            f"definitions {stats['definitions']:.1%}"
+        )
     return 0
 
 
@@ -196,6 +236,24 @@ def _analyze_word_probs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze_tsne(args: argparse.Namespace) -> int:
+    from targetlm.analysis.tsne import plot_tsne, target_tsne
+    from targetlm.runs import load_run
+
+    config, vocab, model, _ = load_run(args.run_dir, args.set)
+    levels = [int(n) for n in args.levels]
+    if any(n < 0 for n in levels) or args.tokens <= max(levels, default=0) + 1:
+        raise ConfigError("--levels must be >= 0 and --tokens larger than the highest level + 1")
+    ids = vocab.encode(read_split(config.data, getattr(config.data, args.split)))[: args.tokens]
+    weight, _ = model.output()
+    points = target_tsne(weight, ids, levels, seed=args.seed)
+    plot_tsne(
+        points, args.out, f"{Path(args.run_dir).name}: targets of {len(ids)} {args.split} words"
+    )
+    print(f"wrote {args.out} ({', '.join(f'level {n}: {len(p)}' for n, p in points.items())})")
+    return 0
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -222,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--split", choices=["train", "valid", "test"], default="test")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--ensemble-lambda",
+        type=_floats,
+        default=[],
+        metavar="L,L,...",
+        help="also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_eval)
 
@@ -266,6 +331,27 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=_analyze_word_probs)
+
+    a = analyses.add_parser(
+        "tsne", help="t-SNE of target embeddings and their n-level WDRs (Heo et al.)"
+    )
+    a.add_argument("run_dir", type=Path)
+    a.add_argument("--out", type=Path, required=True, help="the plot (PNG)")
+    a.add_argument("--levels", type=_floats, default=[0.0, 1.0, 2.0], help="WDR levels n")
+    a.add_argument("--tokens", type=int, default=1000, help="target words from the split")
+    a.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.set_defaults(func=_analyze_tsne)
+
+    p = sub.add_parser("lexicon", help="WordNet lexicon (GroC) of a dataset's vocabulary")
+    p.add_argument("action", choices=["stats"])
+    p.add_argument("--data", required=True, choices=sorted(DATASETS), help="dataset name")
+    p.add_argument("--dir", help="dataset directory")
+    p.add_argument("--drop", type=float, default=0.0, help="remove this fraction of entries")
+    p.add_argument("--seed", type=int, default=0, help="seed of --drop")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_lexicon)
 
     p = sub.add_parser("data", help="dataset information and download")
     p.add_argument("action", choices=["info", "download"])

@@ -3,7 +3,7 @@
 A config file has four tables::
 
     [data]       corpus, splits, batching          -> DataConfig
-    [model.embedding] / [model.encoder] / [model.output]
+    [model.embedding] / [model.encoder] / [model.output] / [model.heads]
                  each ``kind = "..."`` plus that component's constructor options
     [objective]  ``kind = "..."`` plus options
     [train]      optimiser, schedule, budget        -> TrainConfig
@@ -82,6 +82,8 @@ class ModelConfig:
     embedding: ComponentConfig = _component("lookup", size=200)
     encoder: ComponentConfig = _component("lstm", hidden_size=200, num_layers=2)
     output: ComponentConfig = _component("tied")
+    # N-gram prediction heads (Heo et al.): "simple" | "wdr"; "none" is plain next-word training
+    heads: ComponentConfig = _component("none")
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,9 @@ class TrainConfig:
     seed: int = 1
     log_every: int = 50
     eval_every: int = 0  # steps between validations; 0: once per epoch
+    # steps between gradient-diversity measurements (Heo et al. eq. 14; B extra backward
+    # passes each) written to metrics.jsonl as kind "diversity"; 0 disables
+    gradient_diversity_every: int = 0
     checkpoint_every: int = 0  # steps between resumable checkpoints; 0: at each validation
     threads: int = 0  # torch intra-op threads; 0: torch's default
     device: str = "cpu"
@@ -184,13 +189,15 @@ def validate(config: Config) -> None:
     """Check values and every component's options before any work starts."""
     import torch
 
+    from targetlm.lexicon import Lexicon
     from targetlm.modules import build_model
     from targetlm.objectives import OBJECTIVES
 
     # Build once on the meta device (no memory, no compute): every option's name,
-    # type and value is checked by the constructors themselves.
+    # type and value is checked by the constructors themselves. An empty lexicon: GroC's
+    # options are checked without WordNet, which is only read when the model is really built.
     with torch.device("meta"):
-        model = build_model(config.model, vocab_size=8)
+        model = build_model(config.model, 8, lexicon=Lexicon())
         OBJECTIVES.build(
             config.objective.kind, config.objective.options, "objective", embedding=model.embedding
         )
@@ -215,7 +222,14 @@ def validate(config: Config) -> None:
         raise ConfigError("train.decay_factor: must be in (0, 1]")
     if config.train.schedule == "inverse_sqrt" and config.train.warmup_steps < 1:
         raise ConfigError("train.warmup_steps: the inverse_sqrt schedule needs warmup_steps >= 1")
-    for key in ("max_steps", "early_stopping", "eval_every", "checkpoint_every", "threads"):
+    for key in (
+        "max_steps",
+        "early_stopping",
+        "eval_every",
+        "checkpoint_every",
+        "threads",
+        "gradient_diversity_every",
+    ):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0")
     if config.data.train_tokens < 0:

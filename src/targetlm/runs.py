@@ -62,7 +62,7 @@ def load_run(
             f"{path}: its vocabulary ({len(vocab)} words) does not match {run_dir / VOCAB}"
         )
     config = config_lib.from_dict(config_lib.apply_overrides(checkpoint["config"], list(overrides)))
-    model = build_model(config.model, len(vocab))
+    model = build_model(config.model, vocab.itos)
     load_state_into(model, checkpoint["model"], vocab, str(path))
     model.eval()
     return config, vocab, model.to(torch.device(config.train.device)), checkpoint

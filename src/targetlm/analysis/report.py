@@ -45,13 +45,23 @@ def plot_learning_curve(metrics: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def _heads(config: Config) -> str:
+    heads = config.model.heads
+    if heads.kind == "none":
+        return ""
+    options = ", ".join(f"{key} = {value}" for key, value in heads.options.items())
+    return f" · heads `{heads.kind}`" + (f" ({options})" if options else "")
+
+
 def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path:
     has_curve = plot_learning_curve(read_metrics(run_dir), run_dir / CURVE)
     lines = [
         f"# targetlm run: {run_dir.name}",
         "",
         f"Data `{config.data.name}` · encoder `{config.model.encoder.kind}` · output "
-        f"`{config.model.output.kind}` · objective `{config.objective.kind}` · vocabulary {results['vocab_size']:,}",
+        f"`{config.model.output.kind}` · objective `{config.objective.kind}`"
+        + _heads(config)
+        + f" · vocabulary {results['vocab_size']:,}",
         "",
         "| split | perplexity | unigram perplexity | tokens | OOV rate |",
         "|---|---:|---:|---:|---:|",

@@ -17,6 +17,12 @@ makes a row one long sequence::
 
 For training the remainder that does not fill all rows is dropped; for evaluation
 short rows are padded (targets ``IGNORE``) so every token is scored once.
+Objectives that also predict later words (N-gram heads) ask for a ``lookahead``: each
+segment's targets then run ``lookahead`` columns further along the row (``IGNORE`` past
+the stream), so the last positions of a segment, and of a row, keep their targets
+t+1..t+lookahead::
+
+    lookahead 2, T = 3    x = inputs[:, i:i+3],  y = targets[:, i:i+3+2]
 Transformers use the same segments as fixed-length blocks, optionally shuffled,
 and do not carry state in training (``train.carry_state = false``).
 """
@@ -41,10 +47,17 @@ class StreamBatches:
         segment: tokens per step T.
         pad: pad short rows (evaluation) instead of dropping the remainder (training).
         pad_id: input id used for padded positions (never a target).
+        lookahead: extra target columns per segment, (B, T + lookahead).
     """
 
     def __init__(
-        self, ids: torch.Tensor, batch_size: int, segment: int, pad: bool, pad_id: int = 0
+        self,
+        ids: torch.Tensor,
+        batch_size: int,
+        segment: int,
+        pad: bool,
+        pad_id: int = 0,
+        lookahead: int = 0,
     ):
         targets_total = ids.numel() - 1
         if targets_total < 1:
@@ -58,28 +71,33 @@ class StreamBatches:
                     f"{targets_total} training tokens are too few for data.batch_size = {batch_size}"
                 )
         inputs = torch.full((batch_size, length), pad_id, dtype=torch.long)
-        targets = torch.full((batch_size, length), IGNORE, dtype=torch.long)
+        # targets run `lookahead` columns past the row: the next row continues the stream there
+        targets = torch.full((batch_size, length + lookahead), IGNORE, dtype=torch.long)
         for row in range(batch_size):
             start = row * length
             stop = min(start + length, targets_total)
             if stop <= start:
                 break
             inputs[row, : stop - start] = ids[start:stop]
-            targets[row, : stop - start] = ids[start + 1 : stop + 1]
+            reach = min(start + length + lookahead, targets_total)
+            targets[row, : reach - start] = ids[start + 1 : reach + 1]
         self.inputs = inputs  # (B, L)
-        self.targets = targets  # (B, L)
+        self.targets = targets[:, :length]  # (B, L): the positions this stream scores
+        self._extended = targets  # (B, L + lookahead)
         self.segment = segment
-        self.num_targets = int((targets != IGNORE).sum())
+        self.lookahead = lookahead
+        self.num_targets = int((self.targets != IGNORE).sum())
 
     def __len__(self) -> int:
         return math.ceil(self.inputs.size(1) / self.segment)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Segment ``index``: inputs (B, T) and targets (B, T + lookahead)."""
         if not 0 <= index < len(self):
             raise IndexError(index)
         start = index * self.segment
-        stop = start + self.segment
-        return self.inputs[:, start:stop], self.targets[:, start:stop]
+        stop = min(start + self.segment, self.inputs.size(1))
+        return self.inputs[:, start:stop], self._extended[:, start : stop + self.lookahead]
 
     def __iter__(self):
         for index in range(len(self)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import tempfile
 import urllib.request
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from targetlm.config import DataConfig
 from targetlm.data.synthetic import SyntheticLanguage
-from targetlm.data.vocab import DataError, Vocabulary, read_tokens
+from targetlm.data.vocab import EOS, DataError, Vocabulary, read_tokens
 
 
 @dataclass(frozen=True)
@@ -226,28 +227,66 @@ class Corpus:
 
 
 def read_split(config: DataConfig, split: str) -> list[str]:
-    """Tokens of one split (``split`` is a file stem such as ``valid`` or ``news``)."""
+    """Tokens of one split: a file stem such as ``valid`` or ``news``, optionally sliced.
+
+    ``stem[a:b]`` keeps the sentences (lines) from fraction a to fraction b of the file, so
+    one Brown genre can give a finetuning, a validation and a test part:
+    ``news[:0.8]``, ``news[0.8:0.9]``, ``news[0.9:]``.
+    """
+    stem, window = parse_split(split)
     if config.name == "synthetic":
         s = config.synthetic
         sizes = {
-            config.train: s.train_sentences,
-            config.valid: s.valid_sentences,
-            config.test: s.test_sentences,
+            parse_split(config.train)[0]: s.train_sentences,
+            parse_split(config.valid)[0]: s.valid_sentences,
+            parse_split(config.test)[0]: s.test_sentences,
         }
-        if split not in sizes:
-            raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {split!r}")
-        tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(
-            split, sizes[split]
-        )
-        return [t.lower() for t in tokens] if config.lowercase else tokens
-    get_spec(config.name)
-    directory = resolve_dir(config.name, config.dir, (split,))
-    tokens = read_tokens(directory / f"{split}.txt", config.lowercase)
+        if stem not in sizes:
+            raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {stem!r}")
+        tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(stem, sizes[stem])
+        tokens = [t.lower() for t in tokens] if config.lowercase else tokens
+    else:
+        get_spec(config.name)
+        directory = resolve_dir(config.name, config.dir, (stem,))
+        tokens = read_tokens(directory / f"{stem}.txt", config.lowercase)
+    tokens = _slice_lines(tokens, window)
     if not tokens:
         raise DataError(
-            f"{'training ' if split == config.train else ''}file {directory / (split + '.txt')} is empty"
+            f"{'training ' if split == config.train else ''}split {split!r} of {config.name} is empty"
         )
     return tokens
+
+
+_SLICE = re.compile(r"^(?P<stem>[^\[\]]+)(\[(?P<start>[0-9.]*):(?P<stop>[0-9.]*)\])?$")
+
+
+def parse_split(split: str) -> tuple[str, tuple[float, float]]:
+    """``"news[0.8:0.9]"`` -> ``("news", (0.8, 0.9))``; a plain stem keeps everything (0, 1)."""
+    match = _SLICE.match(split)
+    try:
+        if match is None:
+            raise ValueError
+        start = float(match["start"]) if match["start"] else 0.0
+        stop = float(match["stop"]) if match["stop"] else 1.0
+    except ValueError:
+        raise DataError(
+            f"split {split!r}: expected a file stem, optionally sliced by line fractions "
+            "like 'news[0.8:0.9]'"
+        ) from None
+    if not 0 <= start < stop <= 1:
+        raise DataError(f"split {split!r}: need 0 <= start < stop <= 1")
+    return match["stem"], (start, stop)
+
+
+def _slice_lines(tokens: list[str], window: tuple[float, float]) -> list[str]:
+    if window == (0.0, 1.0):
+        return tokens
+    ends = [i + 1 for i, token in enumerate(tokens) if token == EOS]  # one <eos> per line
+    starts = [0, *ends[:-1]]
+    first, last = (round(fraction * len(ends)) for fraction in window)
+    if first >= last:
+        return []
+    return tokens[starts[first] : ends[last - 1]]
 
 
 def load_corpus(config: DataConfig, splits: tuple[str, ...] | None = None) -> Corpus:

@@ -8,7 +8,10 @@ from torch import nn
 
 from targetlm.registry import Registry
 
-INPUT_EMBEDDINGS: Registry[nn.Module] = Registry("input embedding", context=("vocab_size",))
+# builders supply the vocabulary size, its word strings and (for GroC) its lexicon
+INPUT_EMBEDDINGS: Registry[nn.Module] = Registry(
+    "input embedding", context=("vocab_size", "words", "lexicon")
+)
 
 
 @INPUT_EMBEDDINGS.register("lookup")

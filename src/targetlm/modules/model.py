@@ -7,6 +7,8 @@ softmax and any output layer works with any objective or combiner.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -14,19 +16,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from targetlm.config import ModelConfig
+from targetlm.lexicon.lexicon import Lexicon
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS
 from targetlm.modules.encoders import ENCODERS
+from targetlm.modules.heads import NgramHeads, build_heads
 from targetlm.modules.outputs import OUTPUT_LAYERS, OutputLayer
 
 
 class LanguageModel(nn.Module):
-    """Args: already-built embedding, encoder and output layer (see :func:`build_model`)."""
+    """Args: already-built embedding, encoder, output layer and optional N-gram heads
+    (see :func:`build_model`). ``forward`` is the main head; objectives and combiners
+    call ``heads`` on its output."""
 
-    def __init__(self, embedding: nn.Module, encoder: nn.Module, output: OutputLayer) -> None:
+    def __init__(
+        self,
+        embedding: nn.Module,
+        encoder: nn.Module,
+        output: OutputLayer,
+        heads: NgramHeads | None = None,
+    ) -> None:
         super().__init__()
         self.embedding = embedding
         self.encoder = encoder
         self.output = output
+        self.heads = heads
         hidden, d = encoder.output_size, output.embedding_dim
         # maps the encoder's output to the output embedding space when the sizes differ
         self.projection = nn.Linear(hidden, d, bias=False) if hidden != d else nn.Identity()
@@ -55,6 +68,7 @@ class LanguageModel(nn.Module):
             "input_embedding": self.embedding,
             "encoder": self.encoder,
             "output": nn.ModuleList([self.output, self.projection]),
+            "heads": nn.ModuleList([] if self.heads is None else [self.heads]),
         }
         seen: set[int] = set()
         counts = {}
@@ -65,14 +79,31 @@ class LanguageModel(nn.Module):
                     seen.add(id(parameter))
                     total += parameter.numel()
             counts[name] = total
-        counts["heads"] = 0
         return counts
 
 
-def build_model(config: ModelConfig, vocab_size: int) -> LanguageModel:
-    """Wire the configured components: each builder receives what it needs, already built."""
+def build_model(
+    config: ModelConfig, vocab: int | Sequence[str], lexicon: Lexicon | None = None
+) -> LanguageModel:
+    """Wire the configured components: each builder receives what it needs, already built.
+
+    ``vocab``: the vocabulary's words in id order (a ``Vocabulary``'s ``itos``), or only its
+    size (placeholder strings: enough for lookup tables). ``lexicon``: what GroC grounds words
+    in; None loads WordNet's for these words (cached) when a component needs one.
+    """
+    words = [f"<w{i}>" for i in range(vocab)] if isinstance(vocab, int) else list(vocab)
+    vocab_size = len(words)
+    if lexicon is None and _needs_lexicon(config):
+        from targetlm.lexicon import load_lexicon
+
+        lexicon = load_lexicon(words)
     embedding = INPUT_EMBEDDINGS.build(
-        config.embedding.kind, config.embedding.options, "model.embedding", vocab_size=vocab_size
+        config.embedding.kind,
+        config.embedding.options,
+        "model.embedding",
+        vocab_size=vocab_size,
+        words=words,
+        lexicon=lexicon,
     )
     encoder = ENCODERS.build(
         config.encoder.kind, config.encoder.options, "model.encoder", input_size=embedding.size
@@ -82,10 +113,26 @@ def build_model(config: ModelConfig, vocab_size: int) -> LanguageModel:
         config.output.options,
         "model.output",
         vocab_size=vocab_size,
+        words=words,
         hidden_size=encoder.output_size,
         embedding=embedding,
+        lexicon=lexicon,
     )
-    return LanguageModel(embedding, encoder, output)
+    heads = build_heads(config.heads, embedding_dim=output.embedding_dim)
+    return LanguageModel(embedding, encoder, output, heads)
+
+
+def _needs_lexicon(config: ModelConfig) -> bool:
+    """Whether a component takes a lexicon and uses its relations or definitions."""
+    for registry, component in (
+        (INPUT_EMBEDDINGS, config.embedding),
+        (OUTPUT_LAYERS, config.output),
+    ):
+        takes = "lexicon" in inspect.signature(registry.get(component.kind)).parameters
+        options = component.options
+        if takes and (options.get("relations", True) or options.get("definitions", True)):
+            return True
+    return False
 
 
 def detach_state(state: Any) -> Any:

@@ -2,18 +2,25 @@
 
 Every objective and combiner works with ``logits = x̂ · E_outᵀ + b``, so an output
 layer only has to say what ``E_out`` and ``b`` are. ``forward()`` returns them for
-the vocabulary the layer was built with.
+the vocabulary the layer was built with; compositional layers (``char_cnn``, ``groc``
+in :mod:`targetlm.modules.compositional`) also embed any list of strings with
+``embed_words(words)``.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from targetlm.registry import Registry
 
+# builders supply: the vocabulary size and its word strings, the encoder's output size,
+# the built input embedding, and (for GroC) the lexicon of the vocabulary
 OUTPUT_LAYERS: Registry[nn.Module] = Registry(
-    "output layer", context=("vocab_size", "hidden_size", "embedding")
+    "output layer", context=("vocab_size", "words", "hidden_size", "embedding", "lexicon")
 )
 
 
@@ -69,3 +76,142 @@ class TiedOutput(OutputLayer):
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.embedding[0].table(), self.bias
+
+
+@OUTPUT_LAYERS.register("bilinear")
+class BilinearOutput(OutputLayer):
+    """Bilinear mapping of the input embeddings (Gulordava et al. 2018): ``E_out = E_in · W``.
+
+    E_in (V, e) is the input embedding's table, W (e, d) with d = the encoder's output size.
+
+    Args:
+        bias: learn a bias per word.
+    """
+
+    def __init__(
+        self, vocab_size: int, embedding: nn.Module, hidden_size: int, bias: bool = True
+    ) -> None:
+        super().__init__()
+        self.embedding = [embedding]  # a list: the shared table is owned (and counted) once
+        self.embedding_dim = hidden_size
+        self.weight = nn.Parameter(torch.empty(embedding.size, hidden_size))
+        nn.init.normal_(self.weight, std=embedding.size**-0.5)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.embedding[0].table() @ self.weight, self.bias  # (V, e) @ (e, d)
+
+
+ACTIVATIONS = {"relu": torch.relu, "selu": F.selu, "tanh": torch.tanh}
+
+
+class ResidualNetwork(nn.Module):
+    """Deep residual output network (Pappas & Henderson 2019, eq. 6):
+    ``E^(j) = g_j(E^(j−1)) + E^(0)``, ``g_j(E) = act(drop(E) · U_j + b_j)``, j = 1..depth.
+
+    The dropout is variational over the words: one mask over the d dimensions, shared by
+    every row, so each word's embedding loses the same coordinates. Depth 0 is the identity.
+
+    Args:
+        size: d. depth: k. activation: relu | selu | tanh. dropout: drop probability.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        depth: int = 2,
+        activation: Literal["relu", "selu", "tanh"] = "relu",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if depth < 0:
+            raise ValueError(f"depth must be >= 0, got {depth}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.layers = nn.ModuleList(nn.Linear(size, size) for _ in range(depth))
+        self.activation = ACTIVATIONS[activation]
+        self.dropout = dropout
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """embeddings E^(0) (N, d) -> E^(depth) (N, d)."""
+        hidden = embeddings
+        for layer in self.layers:
+            if self.training and self.dropout > 0:
+                mask = hidden.new_empty(1, hidden.size(1)).bernoulli_(1 - self.dropout)
+                hidden = hidden * mask / (1 - self.dropout)  # (N, d), same mask for every word
+            hidden = self.activation(layer(hidden)) + embeddings
+        return hidden
+
+
+@OUTPUT_LAYERS.register("deep_residual")
+class DeepResidualOutput(OutputLayer):
+    """Deep residual output layer (Pappas & Henderson 2019): a :class:`ResidualNetwork` over
+    the input embeddings, ``E_out = E^(k)`` with ``E^(0) = E_in``; d = the embedding size.
+
+    Args:
+        depth / activation / dropout: the residual network's (depth 0 gives ``E_out = E_in``).
+        bias: learn a bias per word.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embedding: nn.Module,
+        depth: int = 2,
+        activation: Literal["relu", "selu", "tanh"] = "relu",
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.embedding = [embedding]
+        self.embedding_dim = embedding.size
+        self.network = ResidualNetwork(embedding.size, depth, activation, dropout)
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.network(self.embedding[0].table()), self.bias
+
+
+@OUTPUT_LAYERS.register("adaptive")
+class AdaptiveOutput(OutputLayer):
+    """Adaptive embeddings (Baevski & Auli 2019) as the output matrix.
+
+    The ids are frequency-ranked, so ``cutoffs`` split them into bins: bin i holds ids
+    ``[c_{i-1}, c_i)`` with its own table of dimension ``d / factor**i`` and a projection
+    to d (d = the encoder's output size): frequent words get more capacity.
+    ``E_out = cat_i(T_i · P_i)``. Cutoffs at or past the vocabulary size are ignored.
+
+    Args:
+        cutoffs: bin boundaries (increasing). factor: dimension shrink per bin.
+        bias: learn a bias per word.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        cutoffs: tuple[int, ...] = (2000, 10000),
+        factor: float = 4.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if list(cutoffs) != sorted(set(cutoffs)) or (cutoffs and cutoffs[0] < 1):
+            raise ValueError(f"cutoffs must be positive and increasing, got {list(cutoffs)}")
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1, got {factor}")
+        self.embedding_dim = hidden_size
+        edges = [0, *(c for c in cutoffs if c < vocab_size), vocab_size]
+        self.bins = list(zip(edges[:-1], edges[1:]))
+        self.tables = nn.ParameterList()
+        self.projections = nn.ModuleList()
+        for i, (start, end) in enumerate(self.bins):
+            size = max(1, int(hidden_size // factor**i))
+            self.tables.append(nn.Parameter(torch.randn(end - start, size) * size**-0.5))
+            self.projections.append(
+                nn.Linear(size, hidden_size, bias=False) if i else nn.Identity()
+            )
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        parts = [project(table) for table, project in zip(self.tables, self.projections)]
+        return torch.cat(parts), self.bias  # (V, d): bin i's rows (n_i, d_i) -> (n_i, d)

@@ -38,5 +38,13 @@ class CrossEntropyObjective(nn.Module):
 
 
 from targetlm.objectives.augmented import AugmentedLossObjective  # noqa: E402  (registers "augmented")
+from targetlm.objectives.ngram import NgramLoss, build_objective  # noqa: E402
 
-__all__ = ["OBJECTIVES", "AugmentedLossObjective", "CrossEntropyObjective", "LossOutput"]
+__all__ = [
+    "OBJECTIVES",
+    "AugmentedLossObjective",
+    "CrossEntropyObjective",
+    "LossOutput",
+    "NgramLoss",
+    "build_objective",
+]

@@ -26,7 +26,7 @@ from targetlm.config import Config
 from targetlm.data import StreamBatches, Vocabulary, load_corpus, with_context_token
 from targetlm.inference.evaluate import evaluate_stream, perplexity
 from targetlm.modules.model import build_model, detach_state, state_to_list
-from targetlm.objectives import OBJECTIVES
+from targetlm.objectives import build_objective
 from targetlm.registry import ConfigError
 from targetlm.training.checkpoint import CheckpointError, save_atomic
 from targetlm.training.checkpoint import load as load_checkpoint
@@ -115,11 +115,16 @@ class Trainer:
         }
         self.train_ids, self.valid_ids = ids[c.data.train], ids[c.data.valid]
         self.test_ids = ids[c.data.test]
-        self.batches = StreamBatches(self.train_ids, c.data.batch_size, c.data.bptt, pad=False)
-        self.model = build_model(c.model, len(self.vocab)).to(self.device)
-        self.objective = OBJECTIVES.build(
-            c.objective.kind, c.objective.options, "objective", embedding=self.model.embedding
-        ).to(self.device)
+        self.model = build_model(c.model, self.vocab.itos).to(self.device)
+        self.objective = build_objective(c.objective, self.model).to(self.device)
+        # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
+        self.batches = StreamBatches(
+            self.train_ids,
+            c.data.batch_size,
+            c.data.bptt,
+            pad=False,
+            lookahead=getattr(self.objective, "lookahead", 0),
+        )
         self.optimizer = build_optimizer(
             c.train, list(self.model.parameters()) + list(self.objective.parameters())
         )
@@ -244,6 +249,8 @@ class Trainer:
         c = self.config.train
         set_lr(self.optimizer, lr)
         state = detach_state(self.state) if c.carry_state else None
+        if c.gradient_diversity_every and (self.step + 1) % c.gradient_diversity_every == 0:
+            self._measure_diversity(inputs, targets, state)
         predicted, state = self.model(inputs.to(self.device), state)
         weight, bias = self.model.output()
         out = self.objective(predicted, targets.to(self.device), weight, bias)
@@ -261,6 +268,22 @@ class Trainer:
         self.optimizer.step()
         self.state = state
         return float(out.nll_sum), out.count
+
+    def _measure_diversity(self, inputs: torch.Tensor, targets: torch.Tensor, state: Any) -> None:
+        """Log the gradient diversity of this step's batch (before the step; training unchanged)."""
+        from targetlm.analysis.diversity import batch_gradient_diversity
+
+        value = batch_gradient_diversity(
+            self.model, self.objective, inputs.to(self.device), targets.to(self.device), state
+        )
+        self._write_metrics(
+            {
+                "kind": "diversity",
+                "step": self.step + 1,
+                "epoch": self.epoch,
+                "gradient_diversity": value,
+            }
+        )
 
     def train(self) -> dict[str, Any]:
         """Run to the end of the budget; returns the final results (also written to the run dir)."""

@@ -1,0 +1,138 @@
+"""Cost of N-gram heads (Heo et al. 2024, 2025): training step time with N = 2, 3, 4 simple and
+WDR heads relative to plain next-word training, next to the ratio their extra FLOPs predict.
+
+The Zaremba small LSTM preset (2x200, vocabulary 10k, batch 20, BPTT 35) on Zipf-distributed
+tokens; every variant trains the same model and data, timed in rounds whose order rotates so
+machine noise hits all of them; ratios are of median step times in one run.
+
+    python benchmarks/heads.py [--rounds 4] [--steps 5] [--threads N] [--json-out PATH]
+
+Prints a table and one line ``JSON {...}``. Each head adds its MLP (two d×d matmuls) and one
+more logit layer (B·T × d × V) plus its softmax, forward and backward, so with V ≫ d a head
+costs roughly one more logit layer; WDR adds only the (detached) conjugate, n·d adds per
+position.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from targetlm import config as config_lib
+from targetlm.config import ComponentConfig
+from targetlm.modules import build_model
+from targetlm.objectives import build_objective
+from targetlm.training.optim import build_optimizer, clip_gradients
+
+VOCAB, BATCH, BPTT = 10_000, 20, 35
+VARIANTS = [("none", 1)] + [(kind, n) for kind in ("simple", "wdr") for n in (2, 3, 4)]
+
+
+def make_step(config: config_lib.Config, kind: str, n: int, lookahead_data: torch.Tensor):
+    torch.manual_seed(0)
+    heads = ComponentConfig(kind, {"n": n} if kind != "none" else {})
+    model = build_model(dataclasses.replace(config.model, heads=heads), VOCAB).train()
+    objective = build_objective(config.objective, model)
+    optimizer = build_optimizer(config.train, model.parameters())
+    lookahead = getattr(objective, "lookahead", 0)
+    inputs = lookahead_data[:, :BPTT]
+    targets = lookahead_data[:, 1 : BPTT + 1 + lookahead]  # the segment's targets + N − 1 more
+    state = None
+
+    def step() -> None:
+        nonlocal state
+        predicted, state = model(inputs, None if state is None else _detach(state))
+        weight, bias = model.output()
+        loss = objective(predicted, targets, weight, bias).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        clip_gradients(model.parameters(), config.train.clip)
+        optimizer.step()
+
+    return step, model
+
+
+def _detach(state):
+    return [tuple(t.detach() for t in layer) for layer in state]
+
+
+def step_flops(model) -> float:
+    """Matmul FLOPs per training step (forward + backward ≈ 3 × forward)."""
+    d = model.output.embedding_dim
+    per_token = 0.0
+    for layer in model.encoder.layers:  # LSTM: 4 gates × (input + hidden) × hidden
+        per_token += 2 * 4 * layer.hidden_size * (layer.input_size + layer.hidden_size)
+    if not isinstance(model.projection, torch.nn.Identity):
+        per_token += 2 * model.projection.in_features * d
+    per_token += 2 * d * VOCAB  # main logit layer
+    if model.heads is not None:
+        for mlp in model.heads.mlps:
+            per_token += sum(
+                2 * m.in_features * m.out_features for m in mlp if hasattr(m, "in_features")
+            )
+            per_token += 2 * d * VOCAB  # the head's own pass through the shared logit layer
+    return 3 * per_token * BATCH * BPTT
+
+
+def timed(step, steps: int) -> float:
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - started) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/zaremba-small-ptb.toml")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = config_lib.load(args.config, ["data.name=synthetic"])
+    generator = torch.Generator().manual_seed(1)
+    # Zipfian ids (p ∝ 1/rank), like a frequency-ranked vocabulary of running text
+    zipf = 1.0 / torch.arange(1, VOCAB + 1, dtype=torch.float64)
+    data = torch.multinomial(zipf, BATCH * (BPTT + 4), True, generator=generator)
+    data = data.view(BATCH, BPTT + 4)
+    names = [f"{kind}-n{n}" if kind != "none" else "baseline" for kind, n in VARIANTS]
+    steps, flops = {}, {}
+    for name, (kind, n) in zip(names, VARIANTS):
+        steps[name], model = make_step(config, kind, n, data)
+        flops[name] = step_flops(model)
+        timed(steps[name], 1)  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(args.rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(timed(steps[name], args.steps))
+    median = {name: statistics.median(t) for name, t in times.items()}
+    base = median["baseline"]
+    print(f"{'variant':<12}{'ms/step':>10}{'ratio':>8}{'FLOP ratio':>12}")
+    rows = {}
+    for name in names:
+        ratio, predicted = median[name] / base, flops[name] / flops["baseline"]
+        rows[name] = {"ms_per_step": median[name] * 1e3, "ratio": ratio, "flop_ratio": predicted}
+        print(f"{name:<12}{median[name] * 1e3:>10.1f}{ratio:>8.2f}{predicted:>12.2f}")
+    result = {
+        "config": args.config,
+        "threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "variants": rows,
+    }
+    if args.json_out:
+        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print("JSON " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

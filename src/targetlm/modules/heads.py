@@ -1,0 +1,121 @@
+r"""N-gram prediction heads (Heo, Rim & Choi 2024, 2025): predict words t+1..t+N−1 too.
+
+Besides the main prediction ``x̂_t = h_t`` (the model's projected encoder output), head
+n = 1..N−1 applies its own MLP to the same h_t. Every prediction goes through the shared
+logit layer ``x̂ · E_outᵀ + b``, so heads own no softmax and work with any output layer.
+
+Index convention. Column t reads inputs[:, t] and its main head predicts targets[:, t],
+the next token of the stream; the paper's word x_t is the *target-side* word y_t, with
+x_t = E_out[y_t]::
+
+    column t            0    1    2    3    4    5
+    inputs              #    a    b    c    d    e
+    targets y_t         a    b    c    d    e    f
+    main head at t=1    predicts y_1 = b                      x̂_1 = h_1
+    head n=2 at t=1     predicts y_3 = d                      x̂_3 = MLP²(h_1) [+ Δ^r_2 x_1]
+    WDR conjugate       from y_1, y_2 = b, c (x_t..x_{t+n−1}: the true words before y_{t+n})
+
+In training the conjugate is a constant built from targets (``functional.wdr_conjugate``,
+detached). In the ensemble head n at column t−n estimates y_t; its conjugate reads
+y_{t−n}..y_{t−1}, which are inputs t−n+1..t: words already read (no future leak).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from targetlm import functional
+from targetlm.config import ComponentConfig
+from targetlm.registry import ConfigError, Registry
+
+HEADS: Registry[nn.Module] = Registry("heads", context=("embedding_dim",))
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
+
+
+class NgramHeads(nn.Module):
+    """Base: N−1 MLPs ``Linear(d, hidden) → activation → Linear(hidden, d)``, one per future word.
+
+    Args:
+        embedding_dim: d, the output layer's embedding size (supplied by the builder).
+        n: N, the number of predicted positions including the main one (N = 1: no heads).
+        alpha: α of the N-gram total loss ``½·L₀ + α/(2N−2)·Σ L_n``.
+        hidden_size: the MLPs' hidden width (default d).
+        activation: ``relu`` (the papers), ``tanh`` or ``gelu``.
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        n: int = 2,
+        alpha: float = 1.0,
+        hidden_size: int | None = None,
+        activation: Literal["relu", "tanh", "gelu"] = "relu",
+    ) -> None:
+        super().__init__()
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        self.num_predictions = n
+        self.alpha = alpha
+        d, hidden = embedding_dim, hidden_size or embedding_dim
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, hidden), ACTIVATIONS[activation](), nn.Linear(hidden, d))
+            for _ in range(n - 1)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> list[torch.Tensor]:
+        """h (B, T, d) -> the heads' raw outputs [MLP^n(h) (B, T, d) for n = 1..N−1]."""
+        return [mlp(hidden) for mlp in self.mlps]
+
+    def reconstruct(
+        self, outputs: list[torch.Tensor], embeddings: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Raw outputs at columns t -> predicted target vectors x̂_{t+n} (B, T, d).
+
+        embeddings (B, L, d), L ≥ T: x_s = E_out[y_s] of the target-side words from the
+        same first column (used by WDR only).
+        """
+        raise NotImplementedError
+
+
+@HEADS.register("simple")
+class SimpleHeads(NgramHeads):
+    """Simple N-gram heads (Heo et al. 2024): ``x̂_{t+n} = MLP^n(h_t)``."""
+
+    def reconstruct(
+        self, outputs: list[torch.Tensor], embeddings: torch.Tensor
+    ) -> list[torch.Tensor]:
+        return outputs
+
+
+@HEADS.register("wdr")
+class WdrHeads(NgramHeads):
+    """WDR heads (Heo et al. 2025): head n predicts the n-level difference Δ_n x_t.
+
+    ``x̂_{t+n} = MLP^n(h_t) + Δ^r_n x_t``, the conjugate built from the true words
+    x_t..x_{t+n−1} and detached, so the head alone is trained towards ``Δ_n x_t``.
+    """
+
+    def reconstruct(
+        self, outputs: list[torch.Tensor], embeddings: torch.Tensor
+    ) -> list[torch.Tensor]:
+        return [
+            out + functional.wdr_conjugate(embeddings, n)[:, : out.size(1)].to(out.dtype)
+            for n, out in enumerate(outputs, 1)
+        ]
+
+
+def build_heads(config: ComponentConfig, embedding_dim: int) -> NgramHeads | None:
+    """The configured heads, or None for ``kind = "none"`` (plain next-word training)."""
+    if config.kind == "none":
+        if config.options:
+            raise ConfigError(
+                f"model.heads: kind 'none' takes no options, got {', '.join(config.options)}"
+            )
+        return None
+    return HEADS.build(config.kind, config.options, "model.heads", embedding_dim=embedding_dim)
