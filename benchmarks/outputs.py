@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
         "load_average_before": load,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }

@@ -104,6 +104,16 @@ def test_vocabulary_max_size_keeps_the_most_frequent():
     assert vocab.itos == [UNK, EOS, "a", "b"]
 
 
+def test_vocabulary_extend_keeps_the_ids_and_appends_new_words_by_frequency():
+    vocab = Vocabulary.build(["b", "a", "b", EOS])
+    extended = vocab.extend(["z", "a", "y", "z", "c", "y", "z", EOS])
+    assert extended.itos[: len(vocab)] == vocab.itos  # every old id unchanged
+    assert extended.itos[len(vocab) :] == ["z", "y", "c"]  # by count: z 3, y 2, c 1
+    assert extended.counts == [0, 2, 2, 2, 3, 2, 1]  # counts add up over both corpora
+    assert vocab.extend(["a", "b", EOS]).itos == vocab.itos
+    assert vocab.itos == [UNK, EOS, "b", "a"]  # the original is left alone
+
+
 def test_encode_maps_unknown_words_to_unk_and_decode_inverts():
     vocab = Vocabulary.build(["the", "cat", EOS])
     ids = vocab.encode(["the", "dog", EOS, "cat"])

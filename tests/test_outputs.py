@@ -412,3 +412,13 @@ def test_wordnet_entries_and_cached_lexicon(tmp_path):
     assert Lexicon.load(cached) == lexicon
     assert lexicon.relations("dogs")[0] == "dog"  # morphy: the lemma of an inflected form
     assert lexicon.coverage(words) == {"words": 6, "relations": 0.5, "definitions": 0.5}
+
+
+def test_cli_lexicon_stats(capsys):
+    # the autouse fake_wordnet fixture stands in for WordNet (tiny_lexicon)
+    assert main(["lexicon", "stats", "--data", "synthetic", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["data"] == "synthetic" and stats["words"] > 100
+    assert 0.5 < stats["relations"] < 0.8 and 0.6 < stats["definitions"] < 0.9
+    assert main(["lexicon", "stats", "--data", "synthetic", "--drop", "1.0"]) == 0
+    assert "relations 0.0%, definitions 0.0%" in capsys.readouterr().out

@@ -1,7 +1,10 @@
 """The ``targetlm`` command line.
 
     targetlm train CONFIG [--set key=value ...] [--run-dir DIR] [--resume]
+    targetlm finetune RUN_DIR --run-dir NEW_DIR [--set key=value ...] [--resume]
     targetlm eval RUN_DIR [--split valid|test] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
+                  [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
+                  [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
     targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
@@ -9,6 +12,7 @@
     targetlm analyze subspace --out DIR [--config C] [--set ...] [--betas ...] [--taus ...]
     targetlm analyze word-probs RUN_DIR [RUN_DIR ...] [--words W,W,...] [--split test]
     targetlm analyze tsne RUN_DIR --out PNG [--levels 0,1,2] [--tokens M] [--split test]
+    targetlm analyze freq-bins RUN_A RUN_B --out PNG [--split test] [--set ...] [--json] [scoring options]
 
 Every expected failure (bad config, missing data, unusable checkpoint or run
 directory, diverged training) is one line on stderr and a non-zero exit.
@@ -17,6 +21,7 @@ directory, diverged training) is one line on stderr and a non-zero exit.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -25,6 +30,7 @@ from pathlib import Path
 from targetlm import config as config_lib
 from targetlm.data import DATASETS, DataError, Vocabulary, with_context_token
 from targetlm.data.datasets import get_spec, read_split
+from targetlm.inference.scoring import Combiners
 from targetlm.registry import ConfigError
 from targetlm.training.checkpoint import CheckpointError
 from targetlm.training.trainer import RunDirError, TrainingDiverged
@@ -48,11 +54,44 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _finetune(args: argparse.Namespace) -> int:
+    from targetlm.runs import CONFIG, read_best
+    from targetlm.training import Trainer
+
+    source = str(Path(args.source).resolve())
+    if args.resume:  # the finetuning run's own config: its source and vocabulary are recorded
+        if not (args.run_dir / CONFIG).is_file():
+            raise RunDirError(f"nothing to resume: {args.run_dir / CONFIG} does not exist")
+        config = config_lib.load(args.run_dir / CONFIG, args.set)
+        if config.train.init_from != source:
+            raise RunDirError(
+                f"{args.run_dir} was finetuned from {config.train.init_from}, not {source}"
+            )
+    else:  # the source run's config, changed by --set (typically data.* and train.*)
+        checkpoint, _, _ = read_best(args.source)
+        data = config_lib.apply_overrides(checkpoint["config"], args.set)
+        data.setdefault("train", {})["init_from"] = source
+        config = config_lib.from_dict(data)
+    results = Trainer(
+        config, args.run_dir, resume=args.resume, log=lambda m: print(m, flush=True)
+    ).train()
+    if results.get("interrupted"):
+        return 130
+    print(f"test perplexity: {results['test']['ppl']:.2f}")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from targetlm.inference import evaluate_ensemble, evaluate_stream
     from targetlm.runs import load_run
 
-    config, vocab, model, _ = load_run(args.run_dir, args.set)
+    combiners = _combiners(args)
+    if args.ensemble_lambda and combiners is not None:
+        raise ConfigError(
+            "--ensemble-lambda cannot be combined with --open-vocab or the caches yet; "
+            "evaluate them separately"
+        )
+    config, vocab, model, _ = load_run(args.run_dir, _eval_overrides(args))
     if args.ensemble_lambda and (model.heads is None or model.heads.num_predictions < 2):
         raise ConfigError(
             f"--ensemble-lambda: {args.run_dir} has no N-gram heads (model.heads.kind = "
@@ -64,6 +103,14 @@ def _eval(args: argparse.Namespace) -> int:
         )
     split = getattr(config.data, args.split)
     tokens = read_split(config.data, split)
+    if combiners is not None:
+        scores = _score(model, vocab, config, tokens, args.open_vocab, combiners)
+        result = {**scores.summary(), **_settings(config, args, split, combiners)}
+        if args.json:
+            print(json.dumps(result))
+        else:
+            _print_summary(result)
+        return 0
     ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
     segment = config.eval.segment or config.data.bptt
     if args.ensemble_lambda:  # one pass: the main head's ppl and every λ's
@@ -93,6 +140,98 @@ def _eval(args: argparse.Namespace) -> int:
         for row in result.get("ensemble", []):
             print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
     return 0
+
+
+SCORING_OPTIONS = (
+    "uniform_weight",
+    "new_word_weight",
+    "unigram_cache",
+    "neural_cache",
+    "neural_theta",
+    "neural_window",
+)
+
+
+def _combiners(args: argparse.Namespace) -> Combiners | None:
+    """The scoring options as :class:`Combiners`; None when none is given (plain evaluation)."""
+    given = {k: getattr(args, k) for k in SCORING_OPTIONS if getattr(args, k) is not None}
+    if not given and not args.open_vocab:
+        return None
+    if {"neural_theta", "neural_window"} & given.keys() and not args.neural_cache:
+        raise ConfigError("--neural-theta and --neural-window need --neural-cache LAMBDA > 0")
+    if "new_word_weight" in given and not args.open_vocab:
+        raise ConfigError(
+            "--new-word-weight needs --open-vocab (a closed vocabulary has no new words)"
+        )
+    if given.get("neural_window", 1) < 1:
+        raise ConfigError(f"--neural-window: must be >= 1, got {args.neural_window}")
+    try:
+        return Combiners(**given)
+    except ValueError as error:  # "unigram_cache must be in [0, 1), got 1.5"
+        raise ConfigError(f"--{str(error).split()[0].replace('_', '-')}: {error}") from None
+
+
+def _eval_overrides(args: argparse.Namespace) -> list[str]:
+    return [*args.set, *(["data.lowercase=true"] if args.lowercase else [])]
+
+
+def _score(
+    model, vocab: Vocabulary, config, tokens: list[str], open_vocab: bool, combiners: Combiners
+):
+    """Per-token scores of ``tokens`` (``score_text``) with the run's evaluation batching."""
+    from targetlm.inference.scoring import score_text
+
+    lexicon = None
+    own = getattr(model.output, "lexicon", None)
+    if open_vocab and own is not None:
+        # GroC's own lexicon only knows the training words: ground the new ones in WordNet too
+        from targetlm.lexicon import load_lexicon
+
+        new = [w for w in dict.fromkeys(tokens) if w not in vocab]
+        lexicon = own.merged(load_lexicon(new, own.max_relations, own.max_definition))
+    if combiners.uniform_weight is not None and open_vocab and hasattr(model.output, "embed_words"):
+        raise ConfigError(
+            f"--uniform-weight: the output layer ({config.model.output.kind}) is compositional: "
+            "it scores new words itself and is never mixed with the uniform distribution"
+        )
+    return score_text(
+        model,
+        vocab,
+        tokens,
+        open_vocabulary=open_vocab,
+        combiners=combiners,
+        batch_size=config.eval.batch_size,
+        segment=config.eval.segment or config.data.bptt,
+        lexicon=lexicon,
+        device=config.train.device,
+    )
+
+
+def _settings(config, args: argparse.Namespace, split: str, combiners: Combiners) -> dict:
+    """What an open-vocabulary / cache evaluation used (``uniform_weight`` None: score_text's
+    default, 0.01 for a closed output layer when the text has new words)."""
+    return {
+        "split": args.split,
+        "file": split,
+        "data": config.data.name,
+        "lowercase": config.data.lowercase,
+        "open_vocab": args.open_vocab,
+        **dataclasses.asdict(combiners),
+        "batch_size": config.eval.batch_size,
+        "segment": config.eval.segment or config.data.bptt,
+    }
+
+
+def _print_summary(result: dict) -> None:
+    def ppl(key: str) -> str:
+        return "-" if result[key] is None else f"{result[key]:.2f}"
+
+    vocabulary = "open vocabulary" if result["open_vocab"] else "closed vocabulary"
+    print(
+        f"{result['split']} ({result['data']} {result['file']}), {vocabulary}: ppl {ppl('ppl')} "
+        f"over {result['tokens']:,} tokens (new words: ppl {ppl('ppl_new')} over "
+        f"{result['new_tokens']:,}; known: ppl {ppl('ppl_known')}), OOV rate {result['oov_rate']:.2%}"
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -254,6 +393,52 @@ def _analyze_tsne(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze_freq_bins(args: argparse.Namespace) -> int:
+    from targetlm.analysis.frequency import frequency_bin_table, plot_frequency_bins
+    from targetlm.runs import load_run
+
+    combiners = _combiners(args) or Combiners()
+    overrides = _eval_overrides(args)
+    config, vocab, model_a, _ = load_run(args.run_a, overrides)
+    config_b, vocab_b, model_b, _ = load_run(args.run_b, overrides)
+    if vocab_b != vocab or vocab_b.counts != vocab.counts:
+        raise DataError(
+            f"{args.run_a} and {args.run_b} were not trained on the same data (their "
+            "vocabularies differ): the frequency bins need one training count per word"
+        )
+    split = getattr(config.data, args.split)
+    tokens = read_split(config.data, split)  # the same text for both runs
+    first = _score(model_a, vocab, config, tokens, args.open_vocab, combiners)
+    second = _score(model_b, vocab, config_b, tokens, args.open_vocab, combiners)
+    rows = frequency_bin_table(first, second, dict(zip(vocab.itos, vocab.counts)))
+    name_a, name_b = Path(args.run_a).name, Path(args.run_b).name
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plot_frequency_bins(rows, args.out, f"loss({name_a}) − loss({name_b}), {split}")
+    if args.json:
+        result = {
+            "run_a": str(args.run_a),
+            "run_b": str(args.run_b),
+            **_settings(config, args, split, combiners),
+            "summary": {"a": first.summary(), "b": second.summary()},
+            "bins": rows,
+            "plot": str(args.out),
+        }
+        print(json.dumps(result))
+        return 0
+    print(
+        f"median per-token loss difference loss({name_a}) − loss({name_b}) in nats by training "
+        f"frequency ({split}; negative: {name_a} is better)"
+    )
+    print(f"{'bin':<14}{'tokens':>10}{'median':>12}")
+    for row in rows:
+        median = row["median_loss_difference"]
+        print(
+            f"{row['bin']:<14}{row['tokens']:>10,}{'-' if median is None else f'{median:.4f}':>12}"
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -261,6 +446,53 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}"
         ) from None
+
+
+def _add_scoring_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group(
+        "open-vocabulary scoring and caches (Pappas et al. 2020; any of them scores per token)"
+    )
+    group.add_argument(
+        "--open-vocab",
+        action="store_true",
+        help="score the text's new words too (V_train ∪ V_text)",
+    )
+    group.add_argument(
+        "--uniform-weight",
+        type=float,
+        metavar="MU",
+        help="μ of the uniform mixture of a closed output layer "
+        "(default: 0.01 when the text has new words)",
+    )
+    group.add_argument(
+        "--new-word-weight",
+        type=float,
+        metavar="OMEGA",
+        help="ω in (0, 1] of the new-word down-weighting (default 1: off)",
+    )
+    group.add_argument(
+        "--unigram-cache", type=float, metavar="LAMBDA", help="λ of the unigram cache"
+    )
+    group.add_argument(
+        "--neural-cache", type=float, metavar="LAMBDA", help="λ of the neural cache (Grave et al.)"
+    )
+    group.add_argument(
+        "--neural-theta",
+        type=float,
+        metavar="THETA",
+        help=f"θ of the neural cache (default {Combiners.neural_theta})",
+    )
+    group.add_argument(
+        "--neural-window",
+        type=int,
+        metavar="N",
+        help=f"positions the neural cache remembers (default {Combiners.neural_window})",
+    )
+    group.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="lower-case the evaluation text (data.lowercase = true), e.g. Brown for a PTB model",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,6 +508,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir exactly")
     p.set_defaults(func=_train)
 
+    p = sub.add_parser(
+        "finetune",
+        help="continue a trained run on new data, its vocabulary extended (Pappas et al. 2020)",
+    )
+    p.add_argument("source", metavar="RUN_DIR", help="the trained run (its best checkpoint)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the source run's config, e.g. data.name=brown data.train='news[:0.8]'",
+    )
+    p.add_argument("--run-dir", type=Path, required=True, help="the new run directory")
+    p.add_argument("--resume", action="store_true", help="continue the finetuning run exactly")
+    p.set_defaults(func=_finetune)
+
     p = sub.add_parser("eval", help="perplexity of a trained run on a split")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--split", choices=["train", "valid", "test"], default="test")
@@ -288,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_scoring_options(p)
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("generate", help="sample text from a trained run")
@@ -343,6 +592,20 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a.set_defaults(func=_analyze_tsne)
+
+    a = analyses.add_parser(
+        "freq-bins",
+        help="Pappas et al. Fig. 3: median per-token loss difference of two runs by training "
+        "frequency",
+    )
+    a.add_argument("run_a", type=Path, help="the first run (its vocabulary gives the counts)")
+    a.add_argument("run_b", type=Path, help="the second run, trained on the same data")
+    a.add_argument("--out", type=Path, required=True, help="the plot (PNG)")
+    a.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--json", action="store_true")
+    _add_scoring_options(a)
+    a.set_defaults(func=_analyze_freq_bins)
 
     p = sub.add_parser("lexicon", help="WordNet lexicon (GroC) of a dataset's vocabulary")
     p.add_argument("action", choices=["stats"])

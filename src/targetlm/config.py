@@ -118,6 +118,9 @@ class TrainConfig:
     gradient_diversity_every: int = 0
     checkpoint_every: int = 0  # steps between resumable checkpoints; 0: at each validation
     threads: int = 0  # torch intra-op threads; 0: torch's default
+    # finetuning (`targetlm finetune`): start from this run's best weights, its vocabulary
+    # extended with the training split's new words; "" trains from scratch
+    init_from: str = ""
     device: str = "cpu"
     progress: bool = True  # tqdm progress bar
 

@@ -44,13 +44,9 @@ def load_state_into(model: LanguageModel, state: dict, vocab: Vocabulary, where:
         ) from None
 
 
-def load_run(
-    run_dir: str | Path, overrides: list[str] = ()
-) -> tuple[Config, Vocabulary, LanguageModel, dict]:
-    """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet).
-
-    ``overrides`` (``--set``) change data/eval settings, e.g. ``data.dir`` or ``eval.batch_size``.
-    """
+def read_best(run_dir: str | Path) -> tuple[dict, Vocabulary, Path]:
+    """The best checkpoint of a run (or the last one, if none is best yet), its vocabulary and
+    its path; the vocabulary must match the run's ``vocab.txt``."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory not found: {run_dir}")
@@ -61,6 +57,17 @@ def load_run(
         raise CheckpointError(
             f"{path}: its vocabulary ({len(vocab)} words) does not match {run_dir / VOCAB}"
         )
+    return checkpoint, vocab, path
+
+
+def load_run(
+    run_dir: str | Path, overrides: list[str] = ()
+) -> tuple[Config, Vocabulary, LanguageModel, dict]:
+    """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet).
+
+    ``overrides`` (``--set``) change data/eval settings, e.g. ``data.dir`` or ``eval.batch_size``.
+    """
+    checkpoint, vocab, path = read_best(run_dir)
     config = config_lib.from_dict(config_lib.apply_overrides(checkpoint["config"], list(overrides)))
     model = build_model(config.model, vocab.itos)
     load_state_into(model, checkpoint["model"], vocab, str(path))

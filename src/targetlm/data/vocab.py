@@ -82,6 +82,17 @@ class Vocabulary:
         words, counts = zip(*(specials + ranked))
         return cls(words, counts)
 
+    def extend(self, tokens: Iterable[str]) -> Vocabulary:
+        """This vocabulary, ids unchanged, followed by the words of ``tokens`` it lacks
+        (by descending count, ties alphabetically): the vocabulary of a finetuning run.
+
+        Counts add up: a word's count is its count in everything the model was trained on.
+        """
+        counter = Counter(tokens)
+        counts = [count + counter.pop(word, 0) for word, count in zip(self.itos, self.counts)]
+        added = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+        return Vocabulary([*self.itos, *(w for w, _ in added)], [*counts, *(c for _, c in added)])
+
     def __len__(self) -> int:
         return len(self.itos)
 

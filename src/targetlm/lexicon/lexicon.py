@@ -19,7 +19,7 @@ class LexiconError(DataError):
 
 class Lexicon:
     """Per word: up to ``max_relations`` related words (WordNet synonyms/hyponyms) and up to
-    ``max_definition`` words of its gloss (Pappas et al. 2020, §3.2). Words without an
+    ``max_definition`` words of its gloss (Pappas et al. 2020). Words without an
     entry have neither; lookups never fail.
 
     Args:
@@ -84,7 +84,7 @@ class Lexicon:
         )
 
     def coverage(self, words: Iterable[str]) -> dict[str, float]:
-        """Fractions of ``words`` with related words / with a definition (paper §4.1)."""
+        """Fractions of ``words`` with related words / with a definition (the paper reports PTB 78% / 86%)."""
         words = list(words)
         n = max(len(words), 1)
         return {

@@ -56,7 +56,7 @@ def wordnet_available() -> bool:
 def wordnet_entry(
     wordnet: Any, word: str, max_relations: int = 3, max_definition: int = 10
 ) -> tuple[list[str], list[str]]:
-    """A word's related words and gloss words (Pappas et al. 2020, §3.2).
+    """A word's related words and gloss words (Pappas et al. 2020).
 
     Related: synonyms (other lemmas of its synsets, in WordNet's sense order), then
     hyponyms of its first synset, at most ``max_relations``. Gloss: the first

@@ -2,7 +2,7 @@
 
 * :class:`CharCnn`: the surface encoder of Józefowicz et al. (2016) / Kim et al. (2016):
   characters -> convolutions of several widths -> max over time -> highway layers.
-* :class:`GroundedEncoder`: GroC (Pappas, Mulcaire, Smith 2020, §3): the surface encoding
+* :class:`GroundedEncoder`: GroC (Pappas, Mulcaire, Smith 2020): the surface encoding
   of a word, the mean surface encoding of its (≤3) WordNet relatives and of its (≤10)
   gloss words (zero when missing), concatenated and projected to d.
 * output layers ``char_cnn`` and ``groc`` and the input embedding ``groc``.
@@ -188,7 +188,7 @@ class CharCnn(nn.Module):
 
 
 class GroundedEncoder(nn.Module):
-    """GroC's word encoder (Pappas et al. 2020, eqs. 2-4): for word w,
+    """GroC's word encoder (Pappas et al. 2020): for word w,
     ``e_w = W · [s(w); mean_{r ∈ R(w)} s(r); mean_{g ∈ D(w)} s(g)]`` with s the char-CNN,
     R(w) its WordNet relatives and D(w) its gloss words; an empty mean is zero. Turning
     ``relations`` / ``definitions`` off drops that part (the paper's ablations).
@@ -240,7 +240,7 @@ class GroundedEncoder(nn.Module):
 
 class CompositionalOutput(OutputLayer):
     """``E_out = ResidualNetwork(GroundedEncoder(V))``, compositional bias
-    ``b_v = σ(w · e_v + a)`` (Pappas et al. 2020, eq. 6), evaluation cache, sparse updates."""
+    ``b_v = σ(w · e_v + a)`` (Pappas et al. 2020), evaluation cache, sparse updates."""
 
     def __init__(
         self,
@@ -300,7 +300,8 @@ class CompositionalOutput(OutputLayer):
         """E_out (n, d) and b (n,) of any strings, grounded in ``lexicon`` (default: the
         layer's own, which only knows the words it was built for; pass a lexicon of the
         new words, e.g. ``targetlm.lexicon.load_lexicon(words)``, for unseen ones)."""
-        index = self._index_of(words, lexicon or self.lexicon).to(self.index_word.device)
+        lexicon = self.lexicon if lexicon is None else lexicon
+        index = self._index_of(words, lexicon).to(self.index_word.device)
         weight = self.compose(index, list(words))
         return weight, self.compositional_bias(weight)
 
@@ -344,7 +345,9 @@ class GrocOutput(CompositionalOutput):
         depth / activation / dropout: the residual output network (depth 0: none).
         bias: the compositional bias σ(w·e_v + a).
         update_prob: p of the sparse output updates (1: recompute E_out every step; 0: only
-            the first step of each ``train()`` phase, then reuse it).
+            the first step of each ``train()`` phase, then reuse it). The reused E_out is not
+            checkpointed: with p < 1 a resumed run recomputes it at its first step, so resume
+            is exact only for p = 1.
         char_size / widths / channels_per_width / highway_layers: the char-CNN.
         max_word_length: characters kept per string, with the two markers.
         max_relations / max_definition: relatives / gloss words per word (paper: 3 / 10).
@@ -403,7 +406,7 @@ class GrocOutput(CompositionalOutput):
 
 @OUTPUT_LAYERS.register("char_cnn")
 class CharCnnOutput(CompositionalOutput):
-    """CNN softmax (Józefowicz et al. 2016, §3.2): ``E_out = W · highway(CNN(chars))``, with
+    """CNN softmax (Józefowicz et al. 2016): ``E_out = W · highway(CNN(chars))``, with
     the optional per-word correction ``+ M · c_v`` (c_v of size ``correction``; it is the one
     vocabulary-dependent part, off by default; unseen words get none). d = the encoder's
     output size; the bias is compositional (σ(w·e_v + a)), as in GroC.
@@ -457,7 +460,7 @@ class CharCnnOutput(CompositionalOutput):
 
 @INPUT_EMBEDDINGS.register("groc")
 class GrocEmbedding(nn.Module):
-    """GroC's compositional input embedding (Pappas et al. 2020, §3): the
+    """GroC's compositional input embedding (Pappas et al. 2020): the
     :class:`GroundedEncoder` on the input side; with relations and definitions off it is a
     char-CNN input embedding (Kim et al. 2016). Each step encodes only the batch's distinct
     words.

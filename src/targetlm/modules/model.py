@@ -93,10 +93,11 @@ def build_model(
     """
     words = [f"<w{i}>" for i in range(vocab)] if isinstance(vocab, int) else list(vocab)
     vocab_size = len(words)
-    if lexicon is None and _needs_lexicon(config):
+    limits = _lexicon_limits(config)
+    if lexicon is None and limits is not None:
         from targetlm.lexicon import load_lexicon
 
-        lexicon = load_lexicon(words)
+        lexicon = load_lexicon(words, *limits)
     embedding = INPUT_EMBEDDINGS.build(
         config.embedding.kind,
         config.embedding.options,
@@ -122,17 +123,18 @@ def build_model(
     return LanguageModel(embedding, encoder, output, heads)
 
 
-def _needs_lexicon(config: ModelConfig) -> bool:
-    """Whether a component takes a lexicon and uses its relations or definitions."""
+def _lexicon_limits(config: ModelConfig) -> tuple[int, int] | None:
+    """(relatives, gloss words) per word the components' lexicon must hold; None: no lexicon."""
+    limits = []
     for registry, component in (
         (INPUT_EMBEDDINGS, config.embedding),
         (OUTPUT_LAYERS, config.output),
     ):
-        takes = "lexicon" in inspect.signature(registry.get(component.kind)).parameters
-        options = component.options
-        if takes and (options.get("relations", True) or options.get("definitions", True)):
-            return True
-    return False
+        parameters = inspect.signature(registry.get(component.kind)).parameters
+        options = {k: p.default for k, p in parameters.items()} | component.options
+        if "lexicon" in parameters and (options["relations"] or options["definitions"]):
+            limits.append((options["max_relations"], options["max_definition"]))
+    return (max(r for r, _ in limits), max(d for _, d in limits)) if limits else None
 
 
 def detach_state(state: Any) -> Any:

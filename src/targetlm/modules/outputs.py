@@ -106,7 +106,7 @@ ACTIVATIONS = {"relu": torch.relu, "selu": F.selu, "tanh": torch.tanh}
 
 
 class ResidualNetwork(nn.Module):
-    """Deep residual output network (Pappas & Henderson 2019, eq. 6):
+    """Deep residual output network (Pappas & Henderson 2019):
     ``E^(j) = g_j(E^(j−1)) + E^(0)``, ``g_j(E) = act(drop(E) · U_j + b_j)``, j = 1..depth.
 
     The dropout is variational over the words: one mask over the d dimensions, shared by

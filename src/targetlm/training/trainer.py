@@ -28,6 +28,7 @@ from targetlm.inference.evaluate import evaluate_stream, perplexity
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
 from targetlm.registry import ConfigError
+from targetlm.training import finetune
 from targetlm.training.checkpoint import CheckpointError, save_atomic
 from targetlm.training.checkpoint import load as load_checkpoint
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
@@ -109,6 +110,12 @@ class Trainer:
         self.device = torch.device(c.train.device)
         self.corpus = load_corpus(c.data)
         self.vocab: Vocabulary = self.corpus.vocab
+        source = None
+        if c.train.init_from:  # finetuning: the source run's words keep their ids
+            # a resumed finetuning run has its own (already extended) vocabulary
+            source = None if self.resume else finetune.source_of(c.train.init_from)
+            base = Vocabulary.load(self.run_dir / runs.VOCAB) if source is None else source[1]
+            self.vocab = base.extend(self.corpus.splits[c.data.train])
         ids = {
             split: with_context_token(self.vocab.encode(tokens), self.vocab.eos_id)
             for split, tokens in self.corpus.splits.items()
@@ -116,6 +123,9 @@ class Trainer:
         self.train_ids, self.valid_ids = ids[c.data.train], ids[c.data.valid]
         self.test_ids = ids[c.data.test]
         self.model = build_model(c.model, self.vocab.itos).to(self.device)
+        if source is not None:
+            state, base, where = source
+            finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
         self.objective = build_objective(c.objective, self.model).to(self.device)
         # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
         self.batches = StreamBatches(

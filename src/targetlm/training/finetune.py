@@ -1,0 +1,74 @@
+"""Cross-domain finetuning (Pappas et al. 2020, §5.3): a trained run continues on new data
+with its vocabulary extended by the new training words.
+
+The source run's words keep their ids and the new words are appended
+(:meth:`~targetlm.data.vocab.Vocabulary.extend`), so every vocabulary-dependent tensor of
+the new model is the old one with rows added at the end::
+
+    old model   embedding.weight (V, d)        output.bias (V,)      encoder.* ...
+    new model   embedding.weight (V + n, d)    output.bias (V + n,)  encoder.* ...
+                └─ rows 0..V−1 copied, rows V..V+n−1 freshly initialised   └─ copied
+
+Compositional layers (char-CNN, GroC) have no such tensor: they embed the new words with
+the weights they already have.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from targetlm.data.vocab import Vocabulary
+from targetlm.modules.model import LanguageModel
+from targetlm.runs import read_best
+from targetlm.training.checkpoint import CheckpointError
+
+
+def source_of(run_dir: str) -> tuple[dict[str, torch.Tensor], Vocabulary, str]:
+    """The model state and vocabulary of the run to finetune (its best checkpoint), and the
+    checkpoint's path for messages."""
+    checkpoint, vocab, path = read_best(run_dir)
+    return checkpoint["model"], vocab, str(path)
+
+
+@torch.no_grad()
+def transfer_weights(
+    model: LanguageModel, state: dict[str, torch.Tensor], added_words: int, where: str
+) -> dict[str, str]:
+    """Copy a source model's ``state`` into ``model``, built for the source vocabulary plus
+    ``added_words`` words appended at the end.
+
+    A tensor of the same shape is copied; one whose first dimension grew by exactly
+    ``added_words`` (the rest equal) is vocabulary-dependent: its old rows are copied and
+    the new rows keep the model's fresh initialisation. Anything else is an error.
+    Returns ``{name: "copied" | "extended"}``.
+    """
+    target = model.state_dict()  # tensors that share storage with the model's
+    missing, unexpected = target.keys() - state.keys(), state.keys() - target.keys()
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{where}: the model differs from the source run's "
+            f"(missing: {', '.join(sorted(missing)) or '-'}; "
+            f"unexpected: {', '.join(sorted(unexpected)) or '-'}); finetuning may change the "
+            "data and training settings, not the model"
+        )
+    done = {}
+    for name, tensor in target.items():
+        old = state[name]
+        if old.shape == tensor.shape:
+            tensor.copy_(old)
+            done[name] = "copied"
+        elif (
+            added_words
+            and old.dim() >= 1
+            and old.shape[1:] == tensor.shape[1:]
+            and tensor.size(0) - old.size(0) == added_words
+        ):
+            tensor[: old.size(0)].copy_(old)  # the new words' rows stay freshly initialised
+            done[name] = "extended"
+        else:
+            raise CheckpointError(
+                f"{where}: {name} has shape {tuple(old.shape)} in the source run and "
+                f"{tuple(tensor.shape)} here, which is not the source's with "
+                f"{added_words} new words' rows appended"
+            )
+    return done
