@@ -229,6 +229,24 @@ def test_groc_input_embedding_equals_its_table():
     assert model.embedding.encoder.projection.weight.grad is not None
 
 
+def test_tied_output_ties_to_the_composed_groc_input_table():
+    torch.manual_seed(0)
+    model = build_model(
+        config_lib.ModelConfig(
+            embedding=ComponentConfig("groc", {"size": 10, **CHAR_CNN}),
+            encoder=ComponentConfig("lstm", {"hidden_size": 12, "num_layers": 1}),
+            output=ComponentConfig("tied"),
+        ),
+        WORDS,
+        lexicon=LEXICON,
+    )
+    weight, bias = model.output()
+    torch.testing.assert_close(weight, model.embedding.table())
+    assert bias.shape == (len(WORDS),)
+    model.log_probs(torch.tensor([[3, 4, 3]]))[0].sum().backward()
+    assert model.embedding.encoder.projection.weight.grad is not None
+
+
 def test_sparse_updates_reuse_the_cached_output_embeddings():
     torch.manual_seed(0)
     never = _groc(update_prob=0.0).train()

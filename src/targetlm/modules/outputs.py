@@ -64,15 +64,18 @@ class LookupOutput(OutputLayer):
 class TiedOutput(OutputLayer):
     """Reused embeddings (Inan et al. 2017; Press & Wolf 2017): ``E_out = E_in``.
 
-    Receives the input embedding module; d is its size (the model adds a projection
-    from the encoder's output size when the two differ).
+    Receives the input embedding module, any kind with a ``table()`` (V, d) (a lookup table
+    or the composed GroC input table); d is its size (the model adds a projection from the
+    encoder's output size when the two differ).
     """
 
-    def __init__(self, embedding: nn.Module, bias: bool = True) -> None:
+    def __init__(self, embedding: nn.Module, vocab_size: int, bias: bool = True) -> None:
         super().__init__()
+        if not hasattr(embedding, "table"):
+            raise ValueError(f"cannot tie to a {type(embedding).__name__}: it has no table()")
         self.embedding = [embedding]  # a list so the shared weight is owned (and counted) once
         self.embedding_dim = embedding.size
-        self.bias = nn.Parameter(torch.zeros(embedding.weight.size(0))) if bias else None
+        self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.embedding[0].table(), self.bias
