@@ -1,0 +1,16 @@
+# Shared by the experiment scripts: the reduced CPU budget every compared run gets.
+# TOKENS training tokens (default 300k of PTB's 930k), EPOCHS epochs (default 2), lr halved
+# after every epoch, one thread (so two runs share the 2 cores side by side).
+tokens=${TOKENS:-300000}
+epochs=${EPOCHS:-2}
+
+# train_reduced CONFIG RUN_DIR SEED [--set ...]: skip a run that already finished
+train_reduced() {
+  local config=$1 dir=$2 seed=$3
+  shift 3
+  [[ -f "$dir/results.json" ]] && return 0
+  targetlm train "$config" --run-dir "$dir" \
+    --set train.seed="$seed" --set data.train_tokens="$tokens" --set train.epochs="$epochs" \
+    --set train.decay_start=1 --set train.decay_factor=0.5 \
+    --set train.threads=1 --set train.progress=false "$@"
+}
