@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_config
+from conftest import OUTPUT_OPTIONS, tiny_config
 
 from targetlm import functional
 from targetlm.modules import OUTPUT_LAYERS
@@ -165,11 +165,13 @@ def test_subspace_distance():
 
 @pytest.mark.parametrize("output", OUTPUT_LAYERS.names())
 def test_augmented_loss_trains_with_every_output_layer(tmp_path, output):
+    options = {f"model.output.{k}": json.dumps(v) for k, v in OUTPUT_OPTIONS[output].items()}
     config = tiny_config(
         **{
             "objective": '{kind = "augmented", tau = 2.0, gamma = 0.5}',
             "model.output": f'{{kind = "{output}"}}',
-            "train.epochs": 2,
+            **options,  # the small test sizes of every kind (tests/conftest.py)
+            "train.epochs": 3,
             "train.optimizer": '"adam"',
             "train.lr": 0.01,
         }

@@ -26,14 +26,18 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from targetlm import config as config_lib
 from targetlm.data import DATASETS, DataError, Vocabulary, with_context_token
 from targetlm.data.datasets import get_spec, read_split
-from targetlm.inference.scoring import Combiners
+from targetlm.inference.scoring import Combiners, TokenScores
 from targetlm.registry import ConfigError
 from targetlm.training.checkpoint import CheckpointError
 from targetlm.training.trainer import RunDirError, TrainingDiverged
+
+if TYPE_CHECKING:
+    from targetlm.modules.model import LanguageModel
 
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, RunDirError, TrainingDiverged)
 
@@ -176,8 +180,13 @@ def _eval_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _score(
-    model, vocab: Vocabulary, config, tokens: list[str], open_vocab: bool, combiners: Combiners
-):
+    model: LanguageModel,
+    vocab: Vocabulary,
+    config: config_lib.Config,
+    tokens: list[str],
+    open_vocab: bool,
+    combiners: Combiners,
+) -> TokenScores:
     """Per-token scores of ``tokens`` (``score_text``) with the run's evaluation batching."""
     from targetlm.inference.scoring import score_text
 
@@ -207,7 +216,9 @@ def _score(
     )
 
 
-def _settings(config, args: argparse.Namespace, split: str, combiners: Combiners) -> dict:
+def _settings(
+    config: config_lib.Config, args: argparse.Namespace, split: str, combiners: Combiners
+) -> dict:
     """What an open-vocabulary / cache evaluation used (``uniform_weight`` None: score_text's
     default, 0.01 for a closed output layer when the text has new words)."""
     return {
@@ -450,7 +461,8 @@ def _floats(text: str) -> list[float]:
 
 def _add_scoring_options(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group(
-        "open-vocabulary scoring and caches (Pappas et al. 2020; any of them scores per token)"
+        "open-vocabulary scoring and caches (Pappas et al. 2020); all but --lowercase "
+        "switch to per-token scoring"
     )
     group.add_argument(
         "--open-vocab",

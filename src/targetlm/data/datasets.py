@@ -245,15 +245,16 @@ def read_split(config: DataConfig, split: str) -> list[str]:
             raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {stem!r}")
         tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(stem, sizes[stem])
         tokens = [t.lower() for t in tokens] if config.lowercase else tokens
+        source = f"synthetic split {stem!r}"
     else:
         get_spec(config.name)
         directory = resolve_dir(config.name, config.dir, (stem,))
         tokens = read_tokens(directory / f"{stem}.txt", config.lowercase)
+        source = f"file {directory / (stem + '.txt')}"
     tokens = _slice_lines(tokens, window)
     if not tokens:
-        raise DataError(
-            f"{'training ' if split == config.train else ''}split {split!r} of {config.name} is empty"
-        )
+        part = f" (slice {split!r})" if window != (0.0, 1.0) else ""
+        raise DataError(f"{'training ' if split == config.train else ''}{source}{part} is empty")
     return tokens
 
 

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import torch
 
+from targetlm import runs  # a module reference: runs imports targetlm.training too
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel
-from targetlm.runs import read_best
 from targetlm.training.checkpoint import CheckpointError
 
 
 def source_of(run_dir: str) -> tuple[dict[str, torch.Tensor], Vocabulary, str]:
     """The model state and vocabulary of the run to finetune (its best checkpoint), and the
     checkpoint's path for messages."""
-    checkpoint, vocab, path = read_best(run_dir)
+    checkpoint, vocab, path = runs.read_best(run_dir)
     return checkpoint["model"], vocab, str(path)
 
 
@@ -46,10 +46,10 @@ def transfer_weights(
     missing, unexpected = target.keys() - state.keys(), state.keys() - target.keys()
     if missing or unexpected:
         raise CheckpointError(
-            f"{where}: the model differs from the source run's "
+            f"{where}: the new model's tensors differ from the source run's "
             f"(missing: {', '.join(sorted(missing)) or '-'}; "
             f"unexpected: {', '.join(sorted(unexpected)) or '-'}); finetuning may change the "
-            "data and training settings, not the model"
+            "data and training settings, not the model, and new words may only add rows"
         )
     done = {}
     for name, tensor in target.items():

@@ -63,7 +63,8 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
 
 
 class Trainer:
-    """Train ``config`` in ``run_dir`` (new and empty, or resumed with ``resume=True``)."""
+    """Train ``config`` in ``run_dir`` (new and empty, or resumed with ``resume=True``);
+    with ``train.init_from``, finetune that run (:mod:`targetlm.training.finetune`)."""
 
     def __init__(
         self,
