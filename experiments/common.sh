@@ -1,8 +1,8 @@
 # Shared by the experiment scripts: the reduced CPU budget every compared run gets.
-# TOKENS training tokens (default 300k of PTB's 930k), EPOCHS epochs (default 2), lr halved
+# TOKENS training tokens (default 300k of PTB's 930k), EPOCHS epochs (default 1), lr halved
 # after every epoch, one thread (so two runs share the 2 cores side by side).
 tokens=${TOKENS:-300000}
-epochs=${EPOCHS:-2}
+epochs=${EPOCHS:-1}
 
 # train_reduced CONFIG RUN_DIR SEED [--set ...]: skip a run that already finished
 train_reduced() {

@@ -1,0 +1,114 @@
+"""Collect the experiment runs into the markdown tables of docs/results.md.
+
+    python experiments/collect.py inan     [--runs runs/inan-small-ptb]
+    python experiments/collect.py heo      [--runs runs/heo-lstm-ptb]
+    python experiments/collect.py outputs  [--runs runs/outputs-ptb]
+
+Reads each run's results.json (and, for the heads, eval-{valid,test}.json written by
+experiments/heo_lstm_ptb.sh); prints mean ± sample standard deviation over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+
+def _runs(root: Path) -> dict[str, dict[int, Path]]:
+    """{method: {seed: run_dir}} for finished runs named METHOD-sSEED."""
+    found: dict[str, dict[int, Path]] = defaultdict(dict)
+    for run in sorted(root.glob("*-s*")):
+        method, _, seed = run.name.rpartition("-s")
+        if (run / "results.json").is_file() and seed.isdigit():
+            found[method][int(seed)] = run
+    return found
+
+
+def _mean_sd(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def inan(root: Path) -> None:
+    paper = {"base": 87.3, "al": 82.9, "re": 85.1, "real": 82.7}
+    print("| model | seeds | valid ppl | test ppl | per seed (test) | paper test |")
+    print("|---|---:|---:|---:|---|---:|")
+    runs = _runs(root)
+    for method in ("base", "al", "re", "real"):
+        seeds = runs.get(method, {})
+        if not seeds:
+            continue
+        results = [json.loads((r / "results.json").read_text()) for r in seeds.values()]
+        valid = [r["valid"]["ppl"] for r in results]
+        test = [r["test"]["ppl"] for r in results]
+        each = ", ".join(f"s{s}: {t:.2f}" for s, t in zip(seeds, test))
+        print(
+            f"| {method.upper()} | {len(seeds)} | {_mean_sd(valid)} | {_mean_sd(test)} | {each} "
+            f"| {paper[method]} |"
+        )
+
+
+def heo(root: Path) -> None:
+    runs = _runs(root)
+    lambdas = ("0", "0.2", "0.4", "0.6")
+    print("| model | seeds | params | " + " | ".join(f"test λ={lam}" for lam in lambdas), end="")
+    print(" | best λ on valid → test |")
+    print("|---|---:|---:|" + "---:|" * len(lambdas) + "---:|")
+    for method in ("base", "sim-n2", "sim-n3", "sim-n4", "wdr-n2", "wdr-n3", "wdr-n4"):
+        seeds = runs.get(method, {})
+        if not seeds:
+            continue
+        per_lambda: dict[str, list[float]] = defaultdict(list)
+        best: list[float] = []
+        params = json.loads((next(iter(seeds.values())) / "results.json").read_text())
+        for run in seeds.values():
+            valid = json.loads((run / "eval-valid.json").read_text())
+            test = json.loads((run / "eval-test.json").read_text())
+            if "ensemble" not in test:  # no heads: λ does not apply
+                per_lambda["0"].append(test["ppl"])
+                best.append(test["ppl"])
+                continue
+            by_lambda = {f"{e['lambda']:g}": e["ppl"] for e in test["ensemble"]}
+            for lam in lambdas:
+                per_lambda[lam].append(by_lambda[lam])
+            chosen = min(valid["ensemble"], key=lambda e: e["ppl"])["lambda"]
+            best.append(by_lambda[f"{chosen:g}"])
+        cells = [_mean_sd(per_lambda[lam]) if per_lambda[lam] else "–" for lam in lambdas]
+        print(
+            f"| {method} | {len(seeds)} | {params['total_params']:,} | "
+            + " | ".join(cells)
+            + f" | {_mean_sd(best)} |"
+        )
+
+
+def outputs(root: Path) -> None:
+    runs = _runs(root)
+    print("| output layer | params | valid ppl | test ppl | s/epoch |")
+    print("|---|---:|---:|---:|---:|")
+    for method, seeds in runs.items():
+        results = [json.loads((r / "results.json").read_text()) for r in seeds.values()]
+        valid = [r["valid"]["ppl"] for r in results]
+        test = [r["test"]["ppl"] for r in results]
+        wall = statistics.mean(r["wall_time_s"] for r in results)
+        print(
+            f"| {method} | {results[0]['total_params']:,} | {_mean_sd(valid)} | {_mean_sd(test)} "
+            f"| {wall:.0f} |"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("table", choices=["inan", "heo", "outputs"])
+    parser.add_argument("--runs", type=Path)
+    args = parser.parse_args()
+    default = {"inan": "inan-small-ptb", "heo": "heo-lstm-ptb", "outputs": "outputs-ptb"}
+    root = args.runs or Path("runs") / default[args.table]
+    {"inan": inan, "heo": heo, "outputs": outputs}[args.table](root)
+
+
+if __name__ == "__main__":
+    main()
