@@ -190,14 +190,6 @@ def _score(
     """Per-token scores of ``tokens`` (``score_text``) with the run's evaluation batching."""
     from targetlm.inference.scoring import score_text
 
-    lexicon = None
-    own = getattr(model.output, "lexicon", None)
-    if open_vocab and own is not None:
-        # GroC's own lexicon only knows the training words: ground the new ones in WordNet too
-        from targetlm.lexicon import load_lexicon
-
-        new = [w for w in dict.fromkeys(tokens) if w not in vocab]
-        lexicon = own.merged(load_lexicon(new, own.max_relations, own.max_definition))
     if combiners.uniform_weight is not None and open_vocab and hasattr(model.output, "embed_words"):
         raise ConfigError(
             f"--uniform-weight: the output layer ({config.model.output.kind}) is compositional: "
@@ -211,7 +203,6 @@ def _score(
         combiners=combiners,
         batch_size=config.eval.batch_size,
         segment=config.eval.segment or config.data.bptt,
-        lexicon=lexicon,
         device=config.train.device,
     )
 

@@ -104,8 +104,9 @@ def score_text(
     """Score every token of ``tokens`` (a split as read, ending with ``<eos>``).
 
     ``open_vocabulary=False`` is the usual closed evaluation: new words are ``<unk>`` targets
-    (and count as OOV). ``lexicon``: what a GroC output layer grounds new words in (None: the
-    layer's own). The stream layout, and so the result, is that of ``evaluate_stream``.
+    (and count as OOV). ``lexicon``: what a GroC output layer grounds new words in (None: its
+    own lexicon merged with WordNet's entries for the new words). The stream layout, and so
+    the result, is that of ``evaluate_stream``.
     """
     was_training = model.training
     model.eval()
@@ -125,6 +126,13 @@ def score_text(
     weight, bias = model.output()
     compositional = open_vocabulary and hasattr(model.output, "embed_words")
     if compositional and len(eval_words) > known:
+        own = getattr(model.output, "lexicon", None)
+        if lexicon is None and own is not None:
+            # GroC's own lexicon only knows the training words: ground the new ones in WordNet
+            from targetlm.lexicon import load_lexicon
+
+            new = eval_words[known:]
+            lexicon = own.merged(load_lexicon(new, own.max_relations, own.max_definition))
         weight, bias = model.output.embed_words(eval_words, lexicon)
     scored_size = weight.size(0)  # V_train, or V_eval for a compositional layer
     new_words = len(eval_words) - known
