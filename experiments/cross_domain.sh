@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Issue 4: train on PTB (news), evaluate on Brown genres in open vocabulary; tied vs GroC,
-# alone / + unigram cache / + neural cache, and after finetuning on 80% of a genre.
-#   bash experiments/cross_domain.sh [GENRE_TO_FINETUNE]     (default: news)
-# Needs runs/outputs-ptb/{tied,groc}-s1 (bash experiments/outputs_ptb.sh 1 tied groc).
+# Issue 4: models trained on PTB (news), evaluated on Brown genres in open vocabulary,
+# alone / + unigram cache / + neural cache (experiments/cross_domain.py), and after
+# finetuning each on 80% of one genre (1 epoch, SGD lr 0.5):
+#   bash experiments/cross_domain.sh GENRE RUN [RUN ...]
+#   e.g. bash experiments/cross_domain.sh news runs/outputs-ptb/tied-s1 runs/outputs-ptb/groc-s1
 set -euo pipefail
-genre=${1:-news}
-root=${RUNS:-runs/outputs-ptb}
-for method in tied groc; do
-  dir="runs/finetune-brown/$method-$genre"
+genre=${1:?genre to finetune on}
+shift
+runs=("$@")
+finetuned=()
+for run in "${runs[@]}"; do
+  dir="runs/finetune-brown/$(basename "$run")-$genre"
+  finetuned+=("$dir")
   [[ -f "$dir/results.json" ]] ||
-    targetlm finetune "$root/$method-s1" --run-dir "$dir" \
+    targetlm finetune "$run" --run-dir "$dir" \
       --set data.name='"brown"' --set data.lowercase=true --set data.train_tokens=0 \
       --set "data.train=\"$genre[:0.8]\"" --set "data.valid=\"$genre[0.8:0.9]\"" \
       --set "data.test=\"$genre[0.9:]\"" --set train.epochs=1 --set train.lr=0.5 \
       --set train.schedule='"constant"' --set train.threads=1 --set train.progress=false
 done
-python experiments/cross_domain.py "$root/tied-s1" "$root/groc-s1" --out runs/cross-domain.json
-python experiments/cross_domain.py runs/finetune-brown/tied-"$genre" runs/finetune-brown/groc-"$genre" \
-  --genres "$genre" --out runs/cross-domain-finetuned.json
+python experiments/cross_domain.py "${runs[@]}" --out runs/cross-domain.json
+python experiments/cross_domain.py "${finetuned[@]}" --genres "$genre" --out runs/cross-domain-finetuned.json
