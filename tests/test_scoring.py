@@ -174,3 +174,22 @@ def test_frequency_bin_table_medians():
     assert by_bin["1-9"]["median_loss_difference"] == 0.0
     with pytest.raises(ValueError):
         frequency_bin_table(first, TokenScores(second.log_probs, None, words[::-1]), {})
+
+
+@pytest.mark.parametrize("kind", ["unigram", "neural"])
+def test_cache_distributions_are_normalised(kind):
+    """Σ_w p_cache(w) = 1 at a position whose cache is not empty (queried word by word)."""
+    torch.manual_seed(0)
+    vocab_size, hidden = 7, torch.randn(2, 6, 5)
+    history = torch.randint(vocab_size, (2, 6))
+    total = torch.zeros(2)
+    for word in range(vocab_size):
+        targets = history.clone()
+        targets[:, -1] = word  # only the queried word changes; the history stays the same
+        if kind == "unigram":
+            probs, available = UnigramCache(2, vocab_size)(targets)
+        else:
+            probs, available = NeuralCache(window=4, theta=0.5)(hidden, targets)
+        assert available[:, -1].all()
+        total += probs[:, -1]
+    torch.testing.assert_close(total, torch.ones(2))
