@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
+from common import timed, zipf_ids
 
 from targetlm import config as config_lib
-from targetlm.modules import build_model
+from targetlm.modules import build_model, detach_state
 from targetlm.objectives import OBJECTIVES
 from targetlm.training.optim import build_optimizer, clip_gradients
 
@@ -33,17 +33,12 @@ def make_step(config: config_lib.Config, objective_kind: str, options: dict):
     model = build_model(config.model, VOCAB).train()
     objective = OBJECTIVES.build(objective_kind, options)
     optimizer = build_optimizer(config.train, model.parameters())
-    generator = torch.Generator().manual_seed(1)
-    # Zipfian ids (p ∝ 1/rank, like a frequency-ranked vocabulary of running text): AL's
-    # cost depends on how many distinct targets a batch has, and uniform ids would overstate it
-    zipf = 1.0 / torch.arange(1, VOCAB + 1, dtype=torch.float64)
-    data = torch.multinomial(zipf, BATCH * (BPTT + 1), True, generator=generator)
-    data = data.view(BATCH, BPTT + 1)
+    data = zipf_ids(VOCAB, (BATCH, BPTT + 1))  # AL's cost depends on the distinct targets
     state = None
 
     def step() -> None:
         nonlocal state
-        predicted, state = model(data[:, :-1], None if state is None else _detach(state))
+        predicted, state = model(data[:, :-1], detach_state(state))
         weight, bias = model.output()
         loss = objective(predicted, data[:, 1:], weight, bias).loss
         optimizer.zero_grad(set_to_none=True)
@@ -52,17 +47,6 @@ def make_step(config: config_lib.Config, objective_kind: str, options: dict):
         optimizer.step()
 
     return step
-
-
-def _detach(state):
-    return [tuple(t.detach() for t in layer) for layer in state]
-
-
-def timed(step, steps: int) -> float:
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - started) / steps
 
 
 def main() -> None:

@@ -19,14 +19,14 @@ import argparse
 import dataclasses
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from common import timed, zipf_ids
 
 from targetlm import config as config_lib
 from targetlm.config import ComponentConfig
-from targetlm.modules import build_model
+from targetlm.modules import build_model, detach_state
 from targetlm.objectives import build_objective
 from targetlm.training.optim import build_optimizer, clip_gradients
 
@@ -47,7 +47,7 @@ def make_step(config: config_lib.Config, kind: str, n: int, lookahead_data: torc
 
     def step() -> None:
         nonlocal state
-        predicted, state = model(inputs, None if state is None else _detach(state))
+        predicted, state = model(inputs, detach_state(state))
         weight, bias = model.output()
         loss = objective(predicted, targets, weight, bias).loss
         optimizer.zero_grad(set_to_none=True)
@@ -56,10 +56,6 @@ def make_step(config: config_lib.Config, kind: str, n: int, lookahead_data: torc
         optimizer.step()
 
     return step, model
-
-
-def _detach(state):
-    return [tuple(t.detach() for t in layer) for layer in state]
 
 
 def step_flops(model) -> float:
@@ -80,13 +76,6 @@ def step_flops(model) -> float:
     return 3 * per_token * BATCH * BPTT
 
 
-def timed(step, steps: int) -> float:
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - started) / steps
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/zaremba-small-ptb.toml")
@@ -98,11 +87,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     config = config_lib.load(args.config, ["data.name=synthetic"])
-    generator = torch.Generator().manual_seed(1)
-    # Zipfian ids (p ∝ 1/rank), like a frequency-ranked vocabulary of running text
-    zipf = 1.0 / torch.arange(1, VOCAB + 1, dtype=torch.float64)
-    data = torch.multinomial(zipf, BATCH * (BPTT + 4), True, generator=generator)
-    data = data.view(BATCH, BPTT + 4)
+    data = zipf_ids(VOCAB, (BATCH, BPTT + 4))  # room for the largest lookahead (N − 1 = 3)
     names = [f"{kind}-n{n}" if kind != "none" else "baseline" for kind, n in VARIANTS]
     steps, flops = {}, {}
     for name, (kind, n) in zip(names, VARIANTS):

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import zipf_ids
 
 from targetlm import config as config_lib
 from targetlm.config import DataConfig
@@ -125,10 +126,7 @@ class Variant:
 
 
 def zipf_batches(vocab_size: int, count: int, batch: int = 20, bptt: int = 35) -> list:
-    generator = torch.Generator().manual_seed(1)
-    weights = 1.0 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
-    ids = torch.multinomial(weights, count * batch * (bptt + 1), True, generator=generator)
-    rows = ids.view(count, batch, bptt + 1)
+    rows = zipf_ids(vocab_size, (count, batch, bptt + 1))
     return [(r[:, :-1].contiguous(), r[:, 1:].contiguous()) for r in rows]
 
 

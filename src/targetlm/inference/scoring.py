@@ -136,11 +136,12 @@ def score_text(
         weight, bias = model.output.embed_words(eval_words, lexicon)
     scored_size = weight.size(0)  # V_train, or V_eval for a compositional layer
     new_words = len(eval_words) - known
-    uniform = combiners.uniform_weight
-    if uniform is None:
-        uniform = 0.01 if open_vocabulary and new_words and not compositional else 0.0
-    if compositional:
+    if compositional:  # it scores new words itself
         uniform = 0.0
+    elif combiners.uniform_weight is None:
+        uniform = 0.01 if open_vocabulary and new_words else 0.0
+    else:
+        uniform = combiners.uniform_weight
 
     def stream(ids: torch.Tensor) -> StreamBatches:
         return StreamBatches(ids, batch_size, segment, pad=True)
