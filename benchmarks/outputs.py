@@ -4,7 +4,8 @@ Each variant is the model of ``configs/outputs-ptb-<name>.toml`` (the Zaremba-sm
 200-dim lookup input, 2x200 LSTM, batch 20, BPTT 35; only ``[model.output]`` differs), plus
 GroC with sparse output updates (``update_prob`` 0.3). A step is what ``Trainer._train_step``
 does: forward with the carried, detached state, ``model.output()``, cross entropy, zero_grad,
-backward, gradient clipping, an SGD step. The variants are timed in alternating rounds (ABBA
+backward, gradient clipping, a step of the preset's optimiser. ``--device cuda`` times on a GPU
+(synchronised: the loss is read every step, as the trainer does). The variants are timed in alternating rounds (ABBA
 order, so machine drift hits all alike); each variant's step time is its median over rounds,
 and every ratio (variant / tied) comes from the same run. Goal: GroC ≤ 2x tied.
 
@@ -15,7 +16,7 @@ Zipfian, like running text over a frequency-ranked vocabulary.
 
 Usage::
 
-    python benchmarks/outputs.py [--steps K] [--rounds R] [--threads N] [--json-out PATH]
+    python benchmarks/outputs.py [--steps K] [--rounds R] [--threads N] [--device D] [--json-out PATH]
 
 Prints a table, then one line ``JSON {...}`` with every ratio.
 """
@@ -43,7 +44,7 @@ from targetlm.data import Vocabulary, read_split
 from targetlm.lexicon import Lexicon, LexiconError, load_lexicon
 from targetlm.modules import build_model, detach_state
 from targetlm.objectives import CrossEntropyObjective
-from targetlm.training.optim import clip_gradients
+from targetlm.training.optim import build_optimizer, clip_gradients
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 VARIANTS = {  # name -> (preset, output option overrides)
@@ -95,7 +96,9 @@ def vocabulary(data_dir: str | None) -> tuple[list[str], Lexicon, str]:
 class Variant:
     """One model and its optimiser, stepping through fixed Zipfian batches."""
 
-    def __init__(self, name: str, words: list[str], lexicon: Lexicon, batches: list) -> None:
+    def __init__(
+        self, name: str, words: list[str], lexicon: Lexicon, batches: list, device: torch.device
+    ) -> None:
         preset, overrides = VARIANTS[name]
         config = config_lib.load(CONFIGS / f"outputs-ptb-{preset}.toml")
         output = dataclasses.replace(
@@ -103,11 +106,11 @@ class Variant:
         )
         model_config = dataclasses.replace(config.model, output=output)
         torch.manual_seed(0)
-        self.model = build_model(model_config, words, lexicon=lexicon).train()
+        self.model = build_model(model_config, words, lexicon=lexicon).to(device).train()
         self.objective = CrossEntropyObjective()
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.train.lr)
+        self.optimizer = build_optimizer(config.train, self.model.parameters())
         self.clip = config.train.clip
-        self.batches = batches
+        self.batches = [(x.to(device), y.to(device)) for x, y in batches]
         self.state: Any = None
         self.index = 0
 
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset")
     parser.add_argument("--data", help="PTB directory (default $TARGETLM_DATA/ptb)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
     args = parser.parse_args(argv)
     if args.threads:
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     words, lexicon, source = vocabulary(args.data)
     batches = zipf_batches(len(words), 8)
     log(f"{len(words):,} words ({source}); building {len(names)} models ...")
-    variants = {name: Variant(name, words, lexicon, batches) for name in names}
+    device = torch.device(args.device)
+    variants = {name: Variant(name, words, lexicon, batches, device) for name in names}
     for variant in variants.values():
         variant.step()  # untimed: first-call allocations
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -180,6 +185,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": args.steps,
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "load_average_before": load,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "torch": torch.__version__,

@@ -20,6 +20,7 @@ from targetlm.lexicon import Lexicon, LexiconError, encode_characters
 from targetlm.lexicon import wordnet as wordnet_lib
 from targetlm.modules import (
     AdaptiveOutput,
+    CharCnn,
     BilinearOutput,
     CharCnnOutput,
     DeepResidualOutput,
@@ -119,6 +120,28 @@ def test_characters_have_markers_and_are_cut():
     assert ids.shape == (3, 6) and lengths.tolist() == [4, 4, 5]
     assert ids[0, :4].tolist() == [1, ord("a") + 3, ord("b") + 3, 2] and ids[0, 4:].eq(0).all()
     assert ids[1, 1:3].tolist() == [b + 3 for b in "é".encode()]
+
+
+@pytest.mark.parametrize("single_pass", [False, True])
+def test_char_cnn_matches_one_conv1d_per_word(single_pass):
+    """Both window layouts (length groups on CPU, one padded pass on GPUs) equal a plain
+    per-word Conv1d over the word's max(length, K) characters, max over time, tanh, highway."""
+    torch.manual_seed(0)
+    cnn = CharCnn(char_size=5, widths=(1, 2, 4), channels_per_width=3, highway_layers=1)
+    cnn.single_pass = single_pass
+    words = ["a", "dog", "ab", "hippopotamus", "x-y", "hippo", "dogs", "ab"]  # unsorted
+    chars, lengths = encode_characters(words, max_length=12, min_length=cnn.max_width)
+    got = cnn(chars, lengths)
+    rows = []
+    for ids, length in zip(chars, lengths.tolist()):
+        x = cnn.characters(ids[: max(length, cnn.max_width)]).t()[None]  # (1, C, n)
+        pooled = [conv(x).amax(-1) for conv in cnn.convolutions]  # valid windows only
+        rows.append(torch.cat(pooled, 1))
+    expected = cnn.highway(torch.tanh(torch.cat(rows)))
+    torch.testing.assert_close(got, expected)
+    (grad,) = torch.autograd.grad(got.square().sum(), cnn.convolutions[2].weight)
+    (expected_grad,) = torch.autograd.grad(expected.square().sum(), cnn.convolutions[2].weight)
+    torch.testing.assert_close(grad, expected_grad)
 
 
 @pytest.mark.parametrize("kind", ["char_cnn", "groc"])

@@ -1,6 +1,7 @@
 """Model pipeline: input embeddings, encoders, output layers and the model that wires them."""
 
 from targetlm.modules.compositional import (
+    CharCnn,
     CharCnnOutput,
     GrocEmbedding,
     GrocOutput,
@@ -24,6 +25,7 @@ from targetlm.modules.outputs import (
 __all__ = [
     "AdaptiveOutput",
     "BilinearOutput",
+    "CharCnn",
     "CharCnnOutput",
     "DeepResidualOutput",
     "GrocEmbedding",

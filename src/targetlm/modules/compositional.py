@@ -147,29 +147,56 @@ class CharCnn(nn.Module):
             persistent=False,
         )
         self.highway = Highway(self.output_size, highway_layers)
+        # how the windows are computed: None picks by device (one padded pass on GPUs, where
+        # kernel launches cost more than FLOPs; groups of equal length elsewhere, where the
+        # FLOPs of padding cost more). Both give the same encodings.
+        self.single_pass: bool | None = None
+
+    def _filters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All widths as one matrix over windows of the widest filter (narrower filters
+        zero-padded on the right): weight (S, char_size * K), bias (S,)."""
+        K = self.max_width
+        weight = torch.cat(
+            [F.pad(conv.weight, (0, K - conv.kernel_size[0])) for conv in self.convolutions]
+        ).flatten(1)
+        return weight, torch.cat([conv.bias for conv in self.convolutions])
 
     def forward(self, chars: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """chars (N, L) padded to at least the widest filter, lengths (N,) -> (N, S).
 
-        Words are convolved in groups of equal length, each cut to that length (or the widest
-        filter), so the windows inside a word are known per group and a word's encoding never
-        depends on what it is batched with. Rows sorted by length (as :func:`index_strings`
-        makes them) need no reordering.
+        A filter of width w sees the max(length, K) - w + 1 windows that start inside the word
+        (K the widest filter; shorter words are padded to K), so a word's encoding never
+        depends on what it is batched with.
         """
         if lengths.numel() == 0:
             return self.highway(chars.new_zeros(0, self.output_size, dtype=torch.float))
+        single_pass = chars.is_cuda if self.single_pass is None else self.single_pass
+        pooled = self._single_pass(chars, lengths) if single_pass else self._grouped(chars, lengths)
+        return self.highway(torch.tanh(pooled))  # (N, S)
+
+    def _single_pass(self, chars: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Every word padded to the longest: one GEMM over all windows, invalid ones masked."""
+        K = self.max_width
+        weight, bias = self._filters()
+        x = self.characters(chars)  # (N, L, char_size)
+        windows = F.pad(x, (0, 0, 0, K - 1)).unfold(1, K, 1)  # (N, L, char_size, K)
+        y = windows.flatten(2) @ weight.t()  # (N, L, S): window t, channel s
+        start = torch.arange(x.size(1), device=x.device)[:, None]  # (L, 1)
+        last = lengths.clamp(min=K)[:, None, None] - self.widths  # (N, 1, S): last valid start
+        y = y.masked_fill(start > last, float("-inf"))
+        return y.max(1).values + bias  # (N, S)
+
+    def _grouped(self, chars: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Words convolved in groups of equal length, each cut to that length (or K): no
+        padding FLOPs. Rows sorted by length (as :func:`index_strings` makes them) need no
+        reordering."""
         ordered = bool((lengths[1:] >= lengths[:-1]).all())
         order = None if ordered else torch.sort(lengths, stable=True).indices
         if order is not None:
             chars, lengths = chars[order], lengths[order]
         values, counts = torch.unique_consecutive(lengths, return_counts=True)
-        # all widths as one matrix over windows of the widest filter (narrower filters
-        # zero-padded on the right): one GEMM per group instead of one small conv per width
         K = self.max_width
-        weight = torch.cat(
-            [F.pad(conv.weight, (0, K - conv.kernel_size[0])) for conv in self.convolutions]
-        ).flatten(1)  # (S, char_size * K)
-        bias = torch.cat([conv.bias for conv in self.convolutions])  # (S,)
+        weight, bias = self._filters()  # one GEMM per group instead of one conv per width
         x = self.characters(chars)  # (N, L, char_size)
         pooled = []
         for group, length in zip(x.split(counts.tolist()), values.tolist()):
@@ -181,7 +208,7 @@ class CharCnn(nn.Module):
             shift = bias.masked_fill(outside, float("-inf"))  # (length, S)
             y = windows.flatten(2) @ weight.t() + shift  # (n, length, S): window t, channel s
             pooled.append(y.max(1).values)  # (n, S)
-        encoded = self.highway(torch.tanh(torch.cat(pooled)))  # (N, S)
+        encoded = torch.cat(pooled)  # (N, S)
         if order is not None:
             encoded = encoded[torch.argsort(order)]
         return encoded
