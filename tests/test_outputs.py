@@ -20,8 +20,8 @@ from targetlm.lexicon import Lexicon, LexiconError, encode_characters
 from targetlm.lexicon import wordnet as wordnet_lib
 from targetlm.modules import (
     AdaptiveOutput,
-    CharCnn,
     BilinearOutput,
+    CharCnn,
     CharCnnOutput,
     DeepResidualOutput,
     GrocEmbedding,
