@@ -185,6 +185,20 @@ def test_generate_with_temperature_zero_is_greedy(run_dir, capsys):
     assert words[:2] == ["the", best]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback where no GPU exists")
+def test_a_run_trained_on_a_gpu_loads_on_the_cpu(run_copy, capsys):
+    best = run_copy / "best.pt"
+    checkpoint = torch.load(best, weights_only=True)
+    checkpoint["config"]["train"]["device"] = "cuda"
+    torch.save(checkpoint, best)
+    with pytest.warns(UserWarning, match="not available here"):
+        config, _, model, _ = load_run(run_copy)
+    assert config.train.device == "cpu" and next(model.parameters()).device.type == "cpu"
+    with pytest.warns(UserWarning):
+        assert main(["eval", str(run_copy), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ppl"] > 1
+
+
 # --- describe and data info -----------------------------------------------------------------
 
 

@@ -12,6 +12,8 @@ RUN_DIR/
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from pathlib import Path
 
 import torch
@@ -66,10 +68,26 @@ def load_run(
     """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet).
 
     ``overrides`` (``--set``) change data/eval settings, e.g. ``data.dir`` or ``eval.batch_size``.
+    A run trained on a GPU loads on the CPU where no GPU is available (with a warning);
+    the returned config's ``train.device`` is where the model is.
     """
     checkpoint, vocab, path = read_best(run_dir)
     config = config_lib.from_dict(config_lib.apply_overrides(checkpoint["config"], list(overrides)))
+    device = available_device(config.train.device)
+    if str(device) != config.train.device:
+        config = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, device=str(device))
+        )
     model = build_model(config.model, vocab.itos)
     load_state_into(model, checkpoint["model"], vocab, str(path))
     model.eval()
-    return config, vocab, model.to(torch.device(config.train.device)), checkpoint
+    return config, vocab, model.to(device), checkpoint
+
+
+def available_device(name: str) -> torch.device:
+    """``name`` as a device, or the CPU (with a warning) when it names an absent GPU."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        warnings.warn(f"device {name!r} is not available here: using the CPU", stacklevel=2)
+        return torch.device("cpu")
+    return device
