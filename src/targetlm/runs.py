@@ -88,6 +88,6 @@ def available_device(name: str) -> torch.device:
     """``name`` as a device, or the CPU (with a warning) when it names an absent GPU."""
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        warnings.warn(f"device {name!r} is not available here: using the CPU", stacklevel=2)
+        warnings.warn(f"device {name!r} is not available here: using the CPU", stacklevel=3)
         return torch.device("cpu")
     return device
