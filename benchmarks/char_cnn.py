@@ -93,8 +93,8 @@ def main() -> None:
 
     names = ["single", "grouped", "buckets", "conv1d"]
     reference = layout("grouped")().detach()
-    for name in names:
-        torch.testing.assert_close(layout(name)().detach(), reference, rtol=1e-2, atol=2e-3)  # cuDNN: TF32
+    for name in names:  # loose: cuDNN convolutions may use TF32
+        torch.testing.assert_close(layout(name)().detach(), reference, rtol=1e-2, atol=2e-3)
     samples: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else reversed(names):
