@@ -15,7 +15,7 @@ from conftest import CHAR_CNN, OUTPUT_OPTIONS, tiny_lexicon
 import targetlm.lexicon
 from targetlm import config as config_lib
 from targetlm.cli import main
-from targetlm.config import ComponentConfig
+from targetlm.config import ComponentConfig, ConfigError
 from targetlm.lexicon import Lexicon, LexiconError, encode_characters
 from targetlm.lexicon import wordnet as wordnet_lib
 from targetlm.modules import (
@@ -268,6 +268,61 @@ def test_tied_output_ties_to_the_composed_groc_input_table():
     assert bias.shape == (len(WORDS),)
     model.log_probs(torch.tensor([[3, 4, 3]]))[0].sum().backward()
     assert model.embedding.encoder.projection.weight.grad is not None
+
+
+def _groc_both_sides(share: bool, embedding_size: int = 12, **output) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(
+        config_lib.ModelConfig(
+            embedding=ComponentConfig("groc", {"size": embedding_size, **CHAR_CNN}),
+            encoder=ComponentConfig("lstm", {"hidden_size": 12, "num_layers": 1}),
+            output=ComponentConfig(
+                "groc", {**OUTPUT_OPTIONS["groc"], "share_encoder": share, **output}
+            ),
+        ),
+        WORDS,
+        lexicon=LEXICON,
+    )
+
+
+def test_groc_output_can_share_the_input_encoder():
+    shared, separate = _groc_both_sides(True), _groc_both_sides(False)
+    assert shared.output.encoder is shared.embedding.encoder
+    encoder_params = sum(p.numel() for p in separate.output.encoder.parameters())
+    total = lambda m: sum(m.parameter_counts().values())  # noqa: E731
+    assert total(shared) == total(separate) - encoder_params
+    assert shared.parameter_counts()["input_embedding"] == separate.parameter_counts()[
+        "input_embedding"
+    ]
+    # the output embeddings are the shared encodings through the output network
+    with torch.no_grad():
+        expected = shared.output.network(shared.embedding.table())
+        torch.testing.assert_close(shared.output()[0], expected)
+    # both sides send gradients into the one encoder
+    shared.log_probs(torch.tensor([[3, 4]]))[0][0, -1, 5].backward()
+    grad_both = shared.embedding.encoder.projection.weight.grad.clone()
+    shared.zero_grad()
+    shared.output()[0].sum().backward()
+    assert shared.embedding.encoder.projection.weight.grad.abs().sum() > 0
+    assert not torch.allclose(grad_both, shared.embedding.encoder.projection.weight.grad)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [({"embedding_size": 10}, "size"), ({"relations": False}, "relations/definitions")],
+)
+def test_sharing_the_encoder_needs_a_matching_groc_input(change, message):
+    with pytest.raises(ConfigError, match=message):
+        _groc_both_sides(True, **change)
+    with pytest.raises(ConfigError, match="groc input embedding"):
+        build_model(
+            config_lib.ModelConfig(
+                encoder=ComponentConfig("lstm", {"hidden_size": 12, "num_layers": 1}),
+                output=ComponentConfig("groc", {**OUTPUT_OPTIONS["groc"], "share_encoder": True}),
+            ),
+            WORDS,
+            lexicon=LEXICON,
+        )
 
 
 def test_sparse_updates_reuse_the_cached_output_embeddings():

@@ -379,6 +379,10 @@ class GrocOutput(CompositionalOutput):
         max_word_length: characters kept per string, with the two markers.
         max_relations / max_definition: relatives / gloss words per word (paper: 3 / 10).
         lexicon_drop / lexicon_seed: remove the entries of this fraction of words (Table 4).
+        share_encoder: reuse the GroC input embedding's encoder (char-CNN, highway,
+            projection) instead of a second one; needs ``[model.embedding] kind = "groc"`` of
+            size d with the same relations/definitions settings (the encoder options here are
+            then unused).
     """
 
     def __init__(
@@ -386,6 +390,7 @@ class GrocOutput(CompositionalOutput):
         words: Sequence[str],
         hidden_size: int,
         lexicon: Lexicon | None = None,
+        embedding: nn.Module | None = None,
         relations: bool = True,
         definitions: bool = True,
         depth: int = 2,
@@ -402,6 +407,7 @@ class GrocOutput(CompositionalOutput):
         max_definition: int = 10,
         lexicon_drop: float = 0.0,
         lexicon_seed: int = 0,
+        share_encoder: bool = False,
     ) -> None:
         lexicon = _prepare_lexicon(
             lexicon,
@@ -411,10 +417,10 @@ class GrocOutput(CompositionalOutput):
             lexicon_drop,
             lexicon_seed,
         )
-        super().__init__(
-            words,
-            lexicon,
-            GroundedEncoder(
+        if share_encoder:
+            encoder = _shared_encoder(embedding, hidden_size, relations, definitions)
+        else:
+            encoder = GroundedEncoder(
                 hidden_size,
                 relations,
                 definitions,
@@ -422,7 +428,11 @@ class GrocOutput(CompositionalOutput):
                 widths,
                 channels_per_width,
                 highway_layers,
-            ),
+            )
+        super().__init__(
+            words,
+            lexicon,
+            encoder,
             ResidualNetwork(hidden_size, depth, activation, dropout),
             hidden_size,
             bias,
@@ -543,6 +553,26 @@ class GrocEmbedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         rows, inverse = tokens.unique(return_inverse=True)  # the batch's distinct words
         return F.embedding(inverse, self.encoder(self.index, rows))  # (B, T, size)
+
+
+def _shared_encoder(
+    embedding: nn.Module | None, size: int, relations: bool, definitions: bool
+) -> GroundedEncoder:
+    """The GroC input embedding's encoder, checked to fit the output layer."""
+    if not isinstance(embedding, GrocEmbedding):
+        kind = type(embedding).__name__
+        raise ValueError(f"share_encoder needs a groc input embedding, not a {kind}")
+    encoder = embedding.encoder
+    if embedding.size != size:
+        raise ValueError(
+            f"share_encoder needs the input embedding size ({embedding.size}) to equal the "
+            f"output size ({size})"
+        )
+    if (encoder.relations, encoder.definitions) != (relations, definitions):
+        raise ValueError(
+            "share_encoder needs the same relations/definitions settings on both sides"
+        )
+    return encoder
 
 
 def _prepare_lexicon(
