@@ -291,9 +291,10 @@ def test_groc_output_can_share_the_input_encoder():
     encoder_params = sum(p.numel() for p in separate.output.encoder.parameters())
     total = lambda m: sum(m.parameter_counts().values())  # noqa: E731
     assert total(shared) == total(separate) - encoder_params
-    assert shared.parameter_counts()["input_embedding"] == separate.parameter_counts()[
-        "input_embedding"
-    ]
+    assert (
+        shared.parameter_counts()["input_embedding"]
+        == separate.parameter_counts()["input_embedding"]
+    )
     # the output embeddings are the shared encodings through the output network
     with torch.no_grad():
         expected = shared.output.network(shared.embedding.table())

@@ -54,8 +54,17 @@ REGULARISED = {
             "train.schedule": '"inverse_sqrt"',
             "train.warmup_steps": 5,
         },
+        {  # GroC's sparse output updates: the reused E_out and the draws must resume exactly
+            "model.output": '{kind = "groc", relations = false, definitions = false, depth = 1, '
+            "update_prob = 0.5, char_size = 8, widths = [1, 2], channels_per_width = 4}",
+        },
     ],
-    ids=["lstm-dropout-sgd", "lstm-adam-plateau-midepoch-eval", "transformer-shuffled"],
+    ids=[
+        "lstm-dropout-sgd",
+        "lstm-adam-plateau-midepoch-eval",
+        "transformer-shuffled",
+        "groc-sparse-updates",
+    ],
 )
 def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, overrides):
     config = tiny_config(**overrides)

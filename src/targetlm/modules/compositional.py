@@ -332,6 +332,14 @@ class CompositionalOutput(OutputLayer):
         weight = self.compose(index, list(words))
         return weight, self.compositional_bias(weight)
 
+    def training_cache(self) -> torch.Tensor | None:
+        """The E_out that sparse updates reuse (detached), for a resumable checkpoint; kept out
+        of the state_dict, which must not depend on the vocabulary."""
+        return self._stale
+
+    def load_training_cache(self, cache: torch.Tensor | None) -> None:
+        self._stale = cache
+
     def train(self, mode: bool = True) -> CompositionalOutput:
         self._eval_cache, self._eval_key, self._stale = None, None, None
         return super().train(mode)
@@ -372,9 +380,8 @@ class GrocOutput(CompositionalOutput):
         depth / activation / dropout: the residual output network (depth 0: none).
         bias: the compositional bias σ(w·e_v + a).
         update_prob: p of the sparse output updates (1: recompute E_out every step; 0: only
-            the first step of each ``train()`` phase, then reuse it). The reused E_out is not
-            checkpointed: with p < 1 a resumed run recomputes it at its first step, so resume
-            is exact only for p = 1.
+            the first step of each ``train()`` phase, then reuse it). The reused E_out goes
+            into the trainer's resumable checkpoint, so resume is exact for any p.
         char_size / widths / channels_per_width / highway_layers: the char-CNN.
         max_word_length: characters kept per string, with the two markers.
         max_relations / max_definition: relatives / gloss words per word (paper: 3 / 10).

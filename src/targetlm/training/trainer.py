@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from targetlm import config as config_lib
@@ -171,6 +172,10 @@ class Trainer:
         self.state = checkpoint["state"]
         if self.state is not None:
             self.state = _to_device(self.state, self.device)
+        for name, module in self._cached_modules():  # e.g. GroC's reused E_out (sparse updates)
+            module.load_training_cache(
+                _to_device(checkpoint.get("caches", {}).get(name), self.device)
+            )
         torch.set_rng_state(checkpoint["rng"]["torch"])
         random.setstate(_as_tuple(checkpoint["rng"]["python"]))
         # forget metrics logged after the checkpoint: they will be logged again
@@ -199,11 +204,16 @@ class Trainer:
                 },
                 "state": state_to_list(detach_state(self.state)),
                 "rng": {"torch": torch.get_rng_state(), "python": _as_list(random.getstate())},
+                "caches": {name: m.training_cache() for name, m in self._cached_modules()},
                 "vocab": self.vocab.state_dict(),
                 "config": self.config.to_dict(),
             },
             self.run_dir / runs.LAST,
         )
+
+    def _cached_modules(self) -> list[tuple[str, nn.Module]]:
+        """Modules with training-time state outside their state_dict (``training_cache()``)."""
+        return [(n, m) for n, m in self.model.named_modules() if hasattr(m, "training_cache")]
 
     def _save_best(self, valid_ppl: float) -> None:
         save_atomic(
@@ -445,6 +455,8 @@ def _main_thread() -> bool:
 
 
 def _to_device(state: Any, device: torch.device) -> Any:
+    if state is None:
+        return None
     if isinstance(state, torch.Tensor):
         return state.to(device)
     return [_to_device(s, device) for s in state]
