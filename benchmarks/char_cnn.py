@@ -39,10 +39,8 @@ def _sync(device: torch.device) -> None:
 
 def conv1d(cnn: CharCnn, chars: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     K = cnn.max_width
-    weight = torch.cat(
-        [F.pad(conv.weight, (0, K - conv.kernel_size[0])) for conv in cnn.convolutions]
-    )  # (S, C, K)
-    bias = torch.cat([conv.bias for conv in cnn.convolutions])
+    weight, bias = cnn._filters()
+    weight = weight.view(len(bias), -1, K)  # (S, C, K)
     x = F.pad(cnn.characters(chars).transpose(1, 2), (0, K - 1))  # (N, C, L + K - 1)
     y = F.conv1d(x, weight)  # (N, S, L)
     start = torch.arange(chars.size(1), device=chars.device)

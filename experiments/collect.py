@@ -27,6 +27,12 @@ def _runs(root: Path) -> dict[str, dict[int, Path]]:
     return found
 
 
+def _results(seeds: dict[int, Path]) -> tuple[list[dict], list[float], list[float]]:
+    """Each seed's results.json, and its valid and test perplexities."""
+    results = [json.loads((r / "results.json").read_text()) for r in seeds.values()]
+    return results, [r["valid"]["ppl"] for r in results], [r["test"]["ppl"] for r in results]
+
+
 def _mean_sd(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.2f}"
@@ -42,9 +48,7 @@ def inan(root: Path) -> None:
         seeds = runs.get(method, {})
         if not seeds:
             continue
-        results = [json.loads((r / "results.json").read_text()) for r in seeds.values()]
-        valid = [r["valid"]["ppl"] for r in results]
-        test = [r["test"]["ppl"] for r in results]
+        _, valid, test = _results(seeds)
         each = ", ".join(f"s{s}: {t:.2f}" for s, t in zip(seeds, test))
         print(
             f"| {method.upper()} | {len(seeds)} | {_mean_sd(valid)} | {_mean_sd(test)} | {each} "
@@ -99,9 +103,7 @@ def outputs(root: Path) -> None:
     print("|---|---:|---:|---:|---:|---|---:|")
     for method in order:
         seeds = runs[method]
-        results = [json.loads((r / "results.json").read_text()) for r in seeds.values()]
-        valid = [r["valid"]["ppl"] for r in results]
-        test = [r["test"]["ppl"] for r in results]
+        results, valid, test = _results(seeds)
         per_seed = ", ".join(f"s{s}: {t:.1f}" for s, t in zip(seeds, test))
         print(
             f"| {method} | {len(seeds)} | {results[0]['total_params']:,} | {_mean_sd(valid)} "
