@@ -118,9 +118,12 @@ class LstmEncoder(nn.Module):
         return self.drop_output(x), new_state  # (B, T, output_size)
 
 
+FEEDFORWARD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+
+
 @ENCODERS.register("transformer")
 class TransformerEncoder(nn.Module):
-    """Pre-LN causal Transformer decoder (no cross-attention).
+    """Causal Transformer decoder stack (no cross-attention), pre-LN or post-LN.
 
     The state is the last ``max_context - 1`` inputs (B, P, input_size), detached:
     given a segment of T tokens, each is encoded with the window of the
@@ -137,6 +140,9 @@ class TransformerEncoder(nn.Module):
         dropout: on attention weights, residual branches and the input.
         max_context: the longest window the positions cover.
         positions: ``learned`` or ``sinusoidal`` absolute positions.
+        norm: ``pre`` (x + f(LN(x)), a final LayerNorm; GPT-2) or ``post``
+            (LN(x + f(x)), no final LayerNorm; Vaswani et al. 2017, fairseq's default).
+        activation: of the feed-forward block, ``gelu`` or ``relu`` (Vaswani et al.).
     """
 
     def __init__(
@@ -149,9 +155,17 @@ class TransformerEncoder(nn.Module):
         dropout: float = 0.1,
         max_context: int = 512,
         positions: Literal["learned", "sinusoidal"] = "learned",
+        norm: Literal["pre", "post"] = "pre",
+        activation: Literal["gelu", "relu"] = "gelu",
     ) -> None:
         super().__init__()
         d = model_size or input_size
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        if activation not in FEEDFORWARD_ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}, got {activation!r}"
+            )
         if d % num_heads:
             raise ValueError(f"model_size {d} is not divisible by num_heads {num_heads}")
         self.output_size = d
@@ -165,9 +179,10 @@ class TransformerEncoder(nn.Module):
             )
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(d, num_heads, ff_size, dropout) for _ in range(num_layers)
+            TransformerBlock(d, num_heads, ff_size, dropout, norm, activation)
+            for _ in range(num_layers)
         )
-        self.norm = nn.LayerNorm(d)
+        self.norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
         segment = x.size(1)
@@ -187,24 +202,44 @@ class TransformerEncoder(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """x + Attn(LN(x)); x + FF(LN(x)), causal attention through ``scaled_dot_product_attention``."""
+    """Causal self-attention and feed-forward, through ``scaled_dot_product_attention``.
 
-    def __init__(self, d: int, num_heads: int, ff_size: int, dropout: float) -> None:
+    ``pre``: x + Attn(LN(x)); x + FF(LN(x)).  ``post``: LN(x + Attn(x)); LN(x + FF(x)).
+    """
+
+    def __init__(
+        self,
+        d: int,
+        num_heads: int,
+        ff_size: int,
+        dropout: float,
+        norm: Literal["pre", "post"] = "pre",
+        activation: Literal["gelu", "relu"] = "gelu",
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.dropout = dropout
+        self.pre_norm = norm == "pre"
         self.norm1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
         self.norm2 = nn.LayerNorm(d)
-        self.ff = nn.Sequential(nn.Linear(d, ff_size), nn.GELU(), nn.Linear(ff_size, d))
+        self.ff = nn.Sequential(
+            nn.Linear(d, ff_size), FEEDFORWARD_ACTIVATIONS[activation](), nn.Linear(ff_size, d)
+        )
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self._attend(self.norm1(x))
+            return x + self.drop(self.ff(self.norm2(x)))
+        x = self.norm1(x + self._attend(x))
+        return self.norm2(x + self.drop(self.ff(x)))
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+        """The dropped-out attention branch, (B, T, d) -> (B, T, d)."""
         B, T, d = x.shape
-        q, k, v = (
-            self.qkv(self.norm1(x)).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
-        )
+        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
         attention = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -212,8 +247,7 @@ class TransformerBlock(nn.Module):
             is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        x = x + self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d)))
-        return x + self.drop(self.ff(self.norm2(x)))
+        return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d)))
 
 
 def sinusoidal_positions(length: int, d: int) -> torch.Tensor:

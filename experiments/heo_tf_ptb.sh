@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 10: Heo et al. 2025 Table 1 (PTB, the small decoder Transformer, tf-small-ptb-*)
+# in the CPU regime: the paper's block (post-LN, ReLU, tied, dropout 0.3, label smoothing 0.1,
+# Adam 2.5e-4 without clipping) narrowed to 2 layers x d 128 (d_ff 512, 4 heads), blocks of
+# 128 tokens, batch 8 (1K tokens), on the first TOKENS training tokens (default 50k), validated
+# every epoch on the first quarter of valid, patience PATIENCE (default 5; paper 50) within
+# EPOCHS (default 30) epochs, best checkpoint kept. One run per call, one thread:
+#   bash experiments/heo_tf_ptb.sh METHOD SEED        (METHOD: base, sim-n2 .. wdr-n4)
+# then each run is evaluated on full valid and test at λ ∈ {0, 0.2, 0.4, 0.6} (heads once).
+# DIVERSITY=K measures gradient diversity every K steps (Heo et al. Fig. 2).
+set -euo pipefail
+method=${1:?method}
+seed=${2:?seed}
+root=${RUNS:-runs/heo-tf-ptb}
+dir="$root/$method-s$seed"
+extra=()
+[[ -n ${DIVERSITY:-} ]] && extra=(--set train.gradient_diversity_every="$DIVERSITY")
+if [[ ! -f "$dir/results.json" ]]; then
+  targetlm train "configs/tf-small-ptb-$method.toml" --run-dir "$dir" \
+    --set train.seed="$seed" --set data.train_tokens="${TOKENS:-50000}" \
+    --set model.encoder.num_layers=2 --set model.embedding.size=128 \
+    --set model.encoder.ff_size=512 --set model.encoder.max_context=128 \
+    --set data.bptt=128 --set data.batch_size=8 --set eval.segment=64 \
+    --set data.valid='"valid[:0.25]"' \
+    --set train.epochs="${EPOCHS:-30}" --set train.early_stopping="${PATIENCE:-5}" \
+    --set train.threads=1 --set train.progress=false "${extra[@]}"
+fi
+ensemble=(--ensemble-lambda 0,0.2,0.4,0.6)
+[[ $method == base ]] && ensemble=()
+for split in valid test; do
+  [[ -f "$dir/eval-$split.json" ]] && continue
+  targetlm eval "$dir" --split "$split" --set data.valid='"valid"' "${ensemble[@]}" --json \
+    > "$dir/eval-$split.json.tmp" && mv "$dir/eval-$split.json.tmp" "$dir/eval-$split.json"
+done
