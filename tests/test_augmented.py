@@ -115,7 +115,7 @@ def test_objective_ignores_padding_like_an_unpadded_batch():
     torch.manual_seed(0)
     predicted, weight, bias = torch.randn(1, 6, 4), torch.randn(9, 4), torch.randn(9)
     targets = torch.tensor([[2, 5, 5, 1, -100, -100]])
-    objective = AugmentedLossObjective(tau=2.0, alpha=0.7)
+    objective = AugmentedLossObjective(tau=2.0, alpha=0.7, target_source="output")
     padded = objective(predicted, targets, weight, bias)
     unpadded = objective(predicted[:, :4], targets[:, :4], weight, bias)
     torch.testing.assert_close(padded.loss, unpadded.loss)
@@ -131,19 +131,26 @@ def test_objective_forms():
         torch.randn(9),
     )
     ce = CrossEntropyObjective()(predicted, targets, weight, bias)
-    zero = AugmentedLossObjective(alpha=0.0)(predicted, targets, weight, bias)
+    zero = AugmentedLossObjective(alpha=0.0, target_source="output")(
+        predicted, targets, weight, bias
+    )
     torch.testing.assert_close(zero.loss, ce.loss)
     torch.testing.assert_close(zero.nll_sum, ce.nll_sum)  # perplexity stays next-word NLL
-    al = AugmentedLossObjective(tau=20.0, gamma=0.5)
+    al = AugmentedLossObjective(tau=20.0, gamma=0.5, target_source="output")
     assert al.alpha == 10.0
     logits = F.linear(predicted.reshape(-1, 4), weight, bias)
     kl = functional.augmented_kl(logits, targets.reshape(-1), weight, 20.0).mean()
     torch.testing.assert_close(al(predicted, targets, weight, bias).loss, ce.loss + 10.0 * kl)
-    beta = AugmentedLossObjective(tau=10.0, beta=0.25)(predicted, targets, weight, bias).loss
+    beta = AugmentedLossObjective(tau=10.0, beta=0.25, target_source="output")(
+        predicted, targets, weight, bias
+    ).loss
     kl10 = functional.augmented_kl(logits, targets.reshape(-1), weight, 10.0).mean()
     torch.testing.assert_close(beta, 0.25 * 100 * 9 * kl10 + 0.75 * ce.loss)
     torch.testing.assert_close(
-        AugmentedLossObjective(beta=0.0)(predicted, targets, weight, bias).loss, ce.loss
+        AugmentedLossObjective(beta=0.0, target_source="output")(
+            predicted, targets, weight, bias
+        ).loss,
+        ce.loss,
     )
 
 
@@ -259,3 +266,20 @@ def test_target_from_the_input_embedding():
     assert list(objective.parameters()) == []  # the embedding stays the model's
     with pytest.raises(ValueError, match="input embedding"):
         AugmentedLossObjective(target_source="input")
+
+
+def test_default_target_is_built_from_the_input_embedding():
+    """Inan et al. eq. 3.6: ỹ from L by default, so an untied model's soft target ignores W."""
+    from targetlm.modules import build_model
+    from targetlm.objectives import build_objective
+
+    config = tiny_config(**{"model.output.kind": '"lookup"', "objective.kind": '"augmented"'})
+    torch.manual_seed(0)
+    model = build_model(config.model, 30)
+    objective = build_objective(config.objective, model)
+    predicted, targets = torch.randn(2, 3, 16), torch.randint(30, (2, 3))
+    weight, bias = model.output()
+    logits = F.linear(predicted.reshape(-1, 16), weight, bias)
+    from_input = functional.augmented_kl(logits, targets.reshape(-1), model.embedding.table(), 20.0)
+    expected = F.cross_entropy(logits, targets.reshape(-1)) + 10.0 * from_input.mean()
+    torch.testing.assert_close(objective(predicted, targets, weight, bias).loss, expected)

@@ -48,12 +48,11 @@ def _ids(length, seed=0):
 
 # --- functional -----------------------------------------------------------------------
 def _recursion(x, n):
-    """Δ_n x_t = Δ_{n−1} x_{t+1} − Δ_{n−1} x_t, written out per position; the last value repeats."""
+    """Eqs. 7-8 per position: Δ_n x_t = Δ_{n−1} x_{t+1} − Δ_{n−1} x_t for t < T, Δ_n x_T = x_T."""
     levels = [list(x.unbind(1))]
     for _ in range(n):
         previous = levels[-1]
-        following = previous[1:] + previous[-1:]
-        levels.append([a - b for a, b in zip(following, previous)])
+        levels.append([a - b for a, b in zip(previous[1:], previous[:-1])] + [levels[0][-1]])
     return torch.stack(levels[-1], 1)
 
 
@@ -66,8 +65,7 @@ def test_wdr_is_the_recursion_and_the_binomial_sum(n):
     for t in range(T - n):  # eq. 9 where x_{t+n} exists
         binomial = sum(math.comb(n, i) * (-1) ** i * x[:, t + n - i] for i in range(n + 1))
         torch.testing.assert_close(got[:, t], binomial)
-    if n:
-        torch.testing.assert_close(got[:, -1], torch.zeros(2, 3, dtype=torch.float64))
+    torch.testing.assert_close(got[:, -1], x[:, -1])  # eq. 8: Δ_n x_T = x_T
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

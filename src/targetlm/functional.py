@@ -165,16 +165,15 @@ def wdr(x: torch.Tensor, n: int) -> torch.Tensor:
     """n-level word difference representation along time (Heo et al. 2025, eqs. 7-8).
 
     x (B, T, d) -> (B, T, d) by the recursion ``Δ_0 x_t = x_t``,
-    ``Δ_n x_t = Δ_{n−1} x_{t+1} − Δ_{n−1} x_t``. Boundary rule: where t+1 does not exist
-    (t = T) the recursion uses the last available value, ``Δ_{n−1} x_{T+1} := Δ_{n−1} x_T``,
-    so ``Δ_n x_T = 0`` for n ≥ 1. For t ≤ T−n it equals eq. (9),
-    ``Σ_{i=0}^{n} C(n,i)(−1)^i x_{t+n−i}``.
+    ``Δ_n x_t = Δ_{n−1} x_{t+1} − Δ_{n−1} x_t`` for t < T, and eq. 8's boundary rule
+    ``Δ_n x_T = x_T`` at the last step (so ``Δ_{n−1} x_T = x_T`` inside the recursion).
+    For t ≤ T−n it equals eq. (9), ``Σ_{i=0}^{n} C(n,i)(−1)^i x_{t+n−i}``.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
+    last = x[:, -1:]  # x_T, every level's value at t = T
     for _ in range(n):
-        following = torch.cat([x[:, 1:], x[:, -1:]], 1)  # Δ_{n−1} x_{t+1}; the last one repeated
-        x = following - x
+        x = torch.cat([x[:, 1:] - x[:, :-1], last], 1)
     return x
 
 

@@ -28,10 +28,10 @@ class AugmentedLossObjective(nn.Module):
         label_smoothing: ε of the cross-entropy term.
         detach_target: treat ỹ as a constant (the paper's analysis); false lets gradients
             reach ``E_out`` through ỹ as well.
-        target_source: ``output`` builds ỹ from ``E_out`` (works with every output layer; for
-            tied models it is the input embedding anyway); ``input`` builds it from the input
-            embedding L, ``ỹ = softmax(L · L[y]ᵀ / τ)``, as the paper's untied subspace analysis
-            (Fig. 1) does: only then does the KL term pull W into the span of L.
+        target_source: ``input`` (the paper's, eq. 3.6 and §4: "⟨u_t, l_j⟩") builds ỹ from
+            the input embedding L, ``ỹ = softmax(L · L[y]ᵀ / τ)``: only then does the KL term
+            pull an untied W into the span of L (Fig. 1). ``output`` builds it from ``E_out``
+            instead, which pulls W towards itself (an option; for tied models the two coincide).
         embedding: the model's input embedding (supplied by the builder).
     """
 
@@ -43,12 +43,15 @@ class AugmentedLossObjective(nn.Module):
         beta: float | None = None,
         label_smoothing: float = 0.0,
         detach_target: bool = True,
-        target_source: Literal["output", "input"] = "output",
+        target_source: Literal["input", "output"] = "input",
         embedding: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if target_source == "input" and embedding is None:
-            raise ValueError("target_source = 'input' needs the model's input embedding")
+            raise ValueError(
+                "target_source = 'input' needs the model's input embedding "
+                "(pass embedding=..., or target_source='output')"
+            )
         if tau <= 0:
             raise ValueError(f"tau must be > 0, got {tau}")
         if beta is not None and not 0 <= beta <= 1:
