@@ -87,6 +87,54 @@ def test_transformer_rejects_segments_longer_than_its_context():
         encoder(torch.zeros(1, 5, 8))
 
 
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_transformer_block_equals_a_direct_computation(norm, activation):
+    """pre: x + Attn(LN(x)), x + FF(LN(x)) and a final LN; post (Vaswani et al.): LN(x + Attn(x)),
+    LN(x + FF(x)) and none; causal softmax attention written out with an explicit mask."""
+    torch.manual_seed(0)
+    encoder = TransformerEncoder(
+        input_size=8,
+        num_layers=1,
+        num_heads=2,
+        ff_size=12,
+        dropout=0.0,
+        positions="sinusoidal",
+        norm=norm,
+        activation=activation,
+    ).eval()
+    block = encoder.blocks[0]
+    x = torch.randn(2, 5, 8)
+    act = F.relu if activation == "relu" else F.gelu
+
+    def attend(h):
+        q, k, v = block.qkv(h).view(2, 5, 3, 2, 4).unbind(2)  # (B, T, heads, d/heads)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / 2.0
+        scores = scores.masked_fill(torch.ones(5, 5).triu(1).bool(), float("-inf"))
+        mixed = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(2, 5, 8)
+        return block.proj(mixed)
+
+    def ff(h):
+        return block.ff[2](act(block.ff[0](h)))
+
+    h = x + encoder.positions[:5]
+    if norm == "pre":
+        h = h + attend(block.norm1(h))
+        h = encoder.norm(h + ff(block.norm2(h)))
+    else:
+        h = block.norm1(h + attend(h))
+        h = block.norm2(h + ff(h))
+    got, _ = encoder(x)
+    torch.testing.assert_close(got, h, atol=1e-5, rtol=1e-5)
+
+
+def test_transformer_rejects_unknown_norm_and_activation():
+    with pytest.raises(ValueError, match="norm"):
+        TransformerEncoder(input_size=8, num_heads=2, norm="sandwich")
+    with pytest.raises(ValueError, match="activation"):
+        TransformerEncoder(input_size=8, num_heads=2, activation="swish")
+
+
 def test_tied_output_shares_the_input_embedding_and_counts_it_once():
     model = _model("lstm", "tied")
     weight, _ = model.output()
