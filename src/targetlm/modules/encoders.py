@@ -60,6 +60,20 @@ class LstmEncoder(nn.Module):
         weight_drop: DropConnect on the hidden-to-hidden matrices (Merity et al. 2018),
             resampled each forward; done with ``torch.func.functional_call`` so the
             module's parameters are never replaced.
+        dropout_recurrent: dropout on each layer's recurrent state h_{t-1} before the
+            hidden-to-hidden product (the variational LSTM of Gal & Ghahramani 2016, used
+            by Inan et al. 2017): one mask per sequence row and layer, (B, H), sampled once
+            per forward call, i.e. per segment (a carried state gets a fresh mask in the
+            next segment), shared by every time step, scaled by 1/(1-p) like the other
+            dropouts, whatever ``variational`` says. Needs a per-step loop
+            (``lstm_recurrence``) over the layer's own ``nn.LSTM`` weights, so it is slower
+            than the fused path, which is kept when it is 0 and in eval mode. The masks come
+            from torch's global RNG (after weight_drop's, layer by layer).
+        tie_recurrent_mask: Inan et al.'s variant (App. A: "the same mask when they are
+            propagated as states in the current layer and when they are used as inputs for the
+            next layer"): each layer's recurrent mask also drops its output (to the next layer,
+            or the encoder's output for the last), instead of an independent mask; needs
+            ``dropout_hidden`` and ``dropout_output`` equal to ``dropout_recurrent``.
         init_range: uniform(-r, r) initialisation of all weights (Zaremba: 0.1); None keeps
             PyTorch's default uniform(-1/sqrt(H), 1/sqrt(H)).
     """
@@ -76,6 +90,8 @@ class LstmEncoder(nn.Module):
         variational: bool = True,
         weight_drop: float = 0.0,
         init_range: float | None = None,
+        dropout_recurrent: float = 0.0,
+        tie_recurrent_mask: bool = False,
     ) -> None:
         super().__init__()
         if num_layers < 1:
@@ -85,9 +101,16 @@ class LstmEncoder(nn.Module):
             ("dropout_hidden", dropout_hidden),
             ("dropout_output", dropout_output),
             ("weight_drop", weight_drop),
+            ("dropout_recurrent", dropout_recurrent),
         ):
             if not 0 <= p < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {p}")
+        if tie_recurrent_mask and not dropout_hidden == dropout_output == dropout_recurrent:
+            raise ValueError(
+                "tie_recurrent_mask drops a layer's state and output with one mask, so "
+                "dropout_hidden and dropout_output must equal dropout_recurrent, got "
+                f"{dropout_hidden}, {dropout_output} and {dropout_recurrent}"
+            )
         self.output_size = output_size or hidden_size
         sizes = [input_size] + [hidden_size] * (num_layers - 1) + [self.output_size]
         self.layers = nn.ModuleList(
@@ -97,25 +120,84 @@ class LstmEncoder(nn.Module):
         self.drop_hidden = LockedDropout(dropout_hidden, variational)
         self.drop_output = LockedDropout(dropout_output, variational)
         self.weight_drop = weight_drop
+        self.dropout_recurrent = dropout_recurrent
+        self.tie_recurrent_mask = tie_recurrent_mask
         if init_range is not None:
             for parameter in self.parameters():
                 nn.init.uniform_(parameter, -init_range, init_range)
 
-    def _run_layer(self, layer: nn.LSTM, x: torch.Tensor, hx) -> tuple[torch.Tensor, tuple]:
+    def _run_layer(
+        self, layer: nn.LSTM, x: torch.Tensor, hx
+    ) -> tuple[torch.Tensor, tuple, torch.Tensor | None]:
+        """(outputs (B, T, H), (h, c), the recurrent mask (B, H) or None)."""
+        if self.training and self.dropout_recurrent > 0:
+            weight_hh = layer.weight_hh_l0
+            if self.weight_drop > 0:
+                weight_hh = F.dropout(weight_hh, self.weight_drop, True)
+            mask = dropout_mask(x, (x.size(0), layer.hidden_size), self.dropout_recurrent)
+            weights = (layer.weight_ih_l0, weight_hh, layer.bias_ih_l0, layer.bias_hh_l0)
+            return *lstm_recurrence(x, *weights, hx, mask), mask
         if self.training and self.weight_drop > 0:
             dropped = F.dropout(layer.weight_hh_l0, self.weight_drop, True)
-            return functional_call(layer, {"weight_hh_l0": dropped}, (x, hx))
-        return layer(x, hx)
+            return *functional_call(layer, {"weight_hh_l0": dropped}, (x, hx)), None
+        return *layer(x, hx), None
 
     def forward(self, x: torch.Tensor, state: LstmState | None = None):
         x = self.drop_input(x)  # (B, T, input_size)
         new_state: LstmState = []
         for i, layer in enumerate(self.layers):
-            x, (h, c) = self._run_layer(layer, x, None if state is None else tuple(state[i]))
+            x, (h, c), mask = self._run_layer(layer, x, None if state is None else tuple(state[i]))
             new_state.append((h, c))
-            if i < len(self.layers) - 1:
+            if mask is not None and self.tie_recurrent_mask:
+                x = x * mask[:, None]  # the state's mask drops the output too (Inan et al.)
+            elif i < len(self.layers) - 1:
                 x = self.drop_hidden(x)
-        return self.drop_output(x), new_state  # (B, T, output_size)
+            else:
+                x = self.drop_output(x)
+        return x, new_state  # (B, T, output_size)
+
+
+def dropout_mask(like: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
+    """Inverted-dropout mask of ``shape``: 0 with probability p, else 1/(1-p).
+
+    Drawn from torch's global RNG, on ``like``'s device and dtype.
+    """
+    return like.new_empty(shape).bernoulli_(1 - p) / (1 - p)
+
+
+def lstm_recurrence(
+    x: torch.Tensor,
+    weight_ih: torch.Tensor,
+    weight_hh: torch.Tensor,
+    bias_ih: torch.Tensor,
+    bias_hh: torch.Tensor,
+    hx: tuple[torch.Tensor, torch.Tensor] | None = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One LSTM layer (``nn.LSTM``'s equations and gate order i, f, g, o) as a per-step loop,
+    with ``mask`` on the recurrent state: gates_t = x_t W_ih^T + b_ih + (h_{t-1} * m) W_hh^T + b_hh.
+
+    x: (B, T, I); weight_ih: (4H, I); weight_hh: (4H, H); biases: (4H,); hx: (h, c), each
+    (1, B, H), or None for zeros; mask: (B, H), the same at every step (None: no mask).
+    The input products of all steps are one matmul; only the recurrence loops.
+    Returns the outputs h_1..h_T (B, T, H) and the final (h, c), each (1, B, H), like
+    ``nn.LSTM(batch_first=True)``.
+    """
+    batch, hidden = x.size(0), weight_hh.size(1)
+    if hx is None:
+        h = c = x.new_zeros(batch, hidden)
+    else:
+        h, c = hx[0].squeeze(0), hx[1].squeeze(0)  # (B, H)
+    inputs = F.linear(x, weight_ih, bias_ih + bias_hh)  # (B, T, 4H)
+    weight_hh_t = weight_hh.t()  # (H, 4H)
+    outputs = []
+    for input_t in inputs.unbind(1):  # (B, 4H)
+        gates = torch.addmm(input_t, h if mask is None else h * mask, weight_hh_t)
+        i, f, g, o = gates.chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs.append(h)
+    return torch.stack(outputs, 1), (h.unsqueeze(0), c.unsqueeze(0))
 
 
 FEEDFORWARD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
