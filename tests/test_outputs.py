@@ -208,7 +208,7 @@ def test_groc_unique_string_batching_equals_the_naive_computation():
         weight, bias = layer()
         naive = _naive_groc(layer, WORDS, expected_lexicon)
         torch.testing.assert_close(weight, naive, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(bias, torch.sigmoid(layer.bias_layer(naive)).squeeze(-1))
+        torch.testing.assert_close(bias, torch.tanh(layer.bias_layer(naive)).squeeze(-1))
         # a subset of rows (what the input embedding does) gives the same rows
         rows = torch.tensor([6, 3, 3, 0])
         torch.testing.assert_close(layer.network(layer.encoder(layer.index, rows)), naive[rows])
@@ -218,6 +218,39 @@ def test_groc_unique_string_batching_equals_the_naive_computation():
     for word in WORDS:
         distinct |= set(expected_lexicon.relations(word)) | set(expected_lexicon.definition(word))
     assert strings == len(distinct)
+
+
+def test_groc_bias_is_eq_5_with_tanh_by_default():
+    """b_v = act(w · e_v + a) (eq. 5: "σ is the activation function"): tanh, or sigmoid."""
+    with torch.no_grad():
+        for activation, function in (("tanh", torch.tanh), ("sigmoid", torch.sigmoid)):
+            options = {} if activation == "tanh" else {"bias_activation": activation}
+            layer = _groc(**options).eval()
+            weight, bias = layer()
+            w, a = layer.bias_layer.weight[0], layer.bias_layer.bias[0]
+            torch.testing.assert_close(bias, function(weight @ w + a))
+        assert bias.min() > 0  # sigmoid's range
+    with pytest.raises(ConfigError, match="bias_activation"):
+        build_model(
+            config_lib.ModelConfig(
+                encoder=ComponentConfig("lstm", {"hidden_size": 12, "num_layers": 1}),
+                output=ComponentConfig(
+                    "groc", {**OUTPUT_OPTIONS["groc"], "bias_activation": "relu"}
+                ),
+            ),
+            WORDS,
+            lexicon=LEXICON,
+        )
+
+
+def test_groc_projection_is_3d_squared_without_bias():
+    """§3.4: "3d² parameters for projection": [c; r; d] (3d) -> d, when the char-CNN gives d."""
+    torch.manual_seed(0)
+    d = 12
+    layer = GrocOutput(WORDS, d, LEXICON, char_size=4, widths=(1, 2, 3), channels_per_width=4)
+    assert layer.encoder.cnn.output_size == d
+    assert layer.encoder.projection.bias is None
+    assert sum(p.numel() for p in layer.encoder.projection.parameters()) == 3 * d * d
 
 
 def test_groc_ablations_and_missing_parts_are_zero():
@@ -270,15 +303,22 @@ def test_tied_output_ties_to_the_composed_groc_input_table():
     assert model.embedding.encoder.projection.weight.grad is not None
 
 
-def _groc_both_sides(share: bool, embedding_size: int = 12, **output) -> torch.nn.Module:
+def _groc_both_sides(
+    share: bool | str | None,
+    embedding_size: int = 12,
+    embedding_kind: str = "groc",
+    embedding_options: dict | None = None,
+    **output,
+) -> torch.nn.Module:
+    """A GroC output over an input embedding; ``share`` None leaves share_encoder unset."""
     torch.manual_seed(0)
+    embedding = {"size": embedding_size, **(CHAR_CNN if embedding_kind == "groc" else {})}
+    sharing = {} if share is None else {"share_encoder": share}
     return build_model(
         config_lib.ModelConfig(
-            embedding=ComponentConfig("groc", {"size": embedding_size, **CHAR_CNN}),
+            embedding=ComponentConfig(embedding_kind, {**embedding, **(embedding_options or {})}),
             encoder=ComponentConfig("lstm", {"hidden_size": 12, "num_layers": 1}),
-            output=ComponentConfig(
-                "groc", {**OUTPUT_OPTIONS["groc"], "share_encoder": share, **output}
-            ),
+            output=ComponentConfig("groc", {**OUTPUT_OPTIONS["groc"], **sharing, **output}),
         ),
         WORDS,
         lexicon=LEXICON,
@@ -308,6 +348,26 @@ def test_groc_output_can_share_the_input_encoder():
     assert not torch.allclose(grad_both, shared.embedding.encoder.projection.weight.grad)
 
 
+def test_groc_output_shares_a_fitting_groc_input_encoder_by_default():
+    """The paper's GroC: E_out = g(E_in) (§3.2) unless the input embedding cannot give it."""
+    for share in (None, "auto"):
+        model = _groc_both_sides(share)
+        assert model.output.encoder is model.embedding.encoder
+        model = _groc_both_sides(  # an ablation on both sides
+            share, relations=False, embedding_options={"relations": False}
+        )
+        assert model.output.encoder is model.embedding.encoder
+    for unfit in (
+        _groc_both_sides(None, embedding_kind="lookup"),
+        _groc_both_sides(None, embedding_size=10),
+        _groc_both_sides(None, definitions=False),  # the output alone: another encoder
+        _groc_both_sides(False),
+    ):
+        encoders = [m for m in unfit.modules() if type(m).__name__ == "GroundedEncoder"]
+        assert unfit.output.encoder is not getattr(unfit.embedding, "encoder", None)
+        assert len(encoders) == (2 if hasattr(unfit.embedding, "encoder") else 1)
+
+
 @pytest.mark.parametrize(
     "change, message",
     [({"embedding_size": 10}, "size"), ({"relations": False}, "relations/definitions")],
@@ -324,6 +384,42 @@ def test_sharing_the_encoder_needs_a_matching_groc_input(change, message):
             WORDS,
             lexicon=LEXICON,
         )
+
+
+def test_groc_dropout_at_depth_zero_is_variational_on_the_output_embeddings():
+    """Table 8's r with k = 0: one mask over d for every word's E_out, in training only."""
+    layer = _groc(depth=0, dropout=0.5)
+    with torch.no_grad():
+        clean = layer.encoder(layer.index)  # E^(0)
+        layer.train()
+        torch.manual_seed(1)
+        dropped, bias = layer()
+        kept = dropped != 0
+        assert torch.equal(kept, kept[:1].expand_as(kept)) and 0 < kept[0].sum() < 12
+        torch.testing.assert_close(dropped[kept], 2 * clean[kept])
+        torch.testing.assert_close(bias, layer.compositional_bias(dropped))
+        layer.eval()
+        torch.testing.assert_close(layer()[0], clean)
+    assert _groc(depth=1, dropout=0.5).embedding_dropout == 0  # between the layers instead
+
+
+def test_groc_input_embedding_embeds_other_words_with_the_same_encoder():
+    torch.manual_seed(0)
+    embedding = GrocEmbedding(WORDS, LEXICON, size=10, **CHAR_CNN).eval()
+    words = [*WORDS, "zebra", "dog-like"]
+    lexicon = LEXICON.merged(Lexicon({"zebra": ["equine"]}, {"zebra": ["striped", "horse"]}))
+    extended = embedding.for_words(words, lexicon)
+    assert extended.encoder is embedding.encoder and not extended.training
+    torch.manual_seed(0)
+    direct = GrocEmbedding(words, lexicon, size=10, **CHAR_CNN)
+    direct.load_state_dict(embedding.state_dict())
+    tokens = torch.tensor([[11, 3, 12], [0, 11, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(extended(tokens), direct(tokens))
+        torch.testing.assert_close(extended.table()[: len(WORDS)], embedding.table())
+        assert embedding.index.word.numel() == len(WORDS)  # the original is unchanged
+        own = embedding.for_words(words)  # its own lexicon: no entries for the new words
+        assert not torch.allclose(own(tokens[:, :1]), extended(tokens[:, :1]))
 
 
 def test_sparse_updates_reuse_the_cached_output_embeddings():
@@ -358,7 +454,7 @@ def test_eval_cache_is_reused_until_a_parameter_changes_or_train():
         assert layer() is first
     assert layer()[0].requires_grad  # with gradients enabled: computed, not cached
     with torch.no_grad():
-        layer.encoder.projection.bias.add_(0.1)
+        layer.encoder.projection.weight.add_(0.1)
         second = layer()
     assert second is not first and not torch.equal(second[0], first[0])
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
@@ -422,11 +518,38 @@ def test_output_presets_share_prefix_and_budget():
     for name, config in configs.items():
         assert config.model.encoder == reference.model.encoder, name
         assert config.train == reference.train and config.data == reference.data, name
+        groc = config.model.output.kind == "groc"  # the paper's GroC: its own input embedding
+        assert config.model.embedding.kind == ("groc" if groc else "lookup"), name
     kinds = {name.removeprefix("outputs-ptb-"): c.model.output.kind for name, c in configs.items()}
     assert kinds["groc-noreldef"] == "groc" and kinds["charcnn"] == "char_cnn"
     groc = config_lib.load("configs/groc-ptb.toml")
-    assert groc.model.output == configs["outputs-ptb-groc"].model.output
-    assert groc.model.embedding.kind == "groc" and groc.train == reference.train
+    assert groc.model == configs["outputs-ptb-groc"].model
+    assert groc.train == reference.train
+
+
+# Pappas et al. Table 8, penn: (r, k) of GroC and its ablations
+TABLE_8 = {
+    "groc": (0.2, 0),
+    "groc-norel": (0.3, 0),
+    "groc-nodef": (0.2, 0),
+    "groc-noreldef": (0.3, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_8))
+def test_groc_presets_build_the_papers_model(name):
+    """E_out = g(E_in) with one encoder (§3.2), Table 8's depth and dropout, a 3d² projection."""
+    config = config_lib.load(f"configs/outputs-ptb-{name}.toml", ["data.name=synthetic"])
+    model = build_model(config.model, WORDS, lexicon=Lexicon())
+    output, embedding = model.output, model.embedding
+    assert output.encoder is embedding.encoder
+    dropout, depth = TABLE_8[name]
+    assert len(output.network.layers) == depth and output.embedding_dropout == dropout
+    d = output.embedding_dim
+    assert embedding.encoder.cnn.output_size == d
+    parts = 1 + embedding.encoder.relations + embedding.encoder.definitions
+    assert embedding.encoder.projection.weight.numel() == parts * d * d
+    assert (parts == 3) == (name == "groc")
 
 
 REAL_DATA = os.environ.get("TARGETLM_DATA", "")
@@ -434,6 +557,17 @@ real_data = pytest.mark.skipif(
     not (REAL_DATA and all((Path(REAL_DATA) / n).is_dir() for n in ("ptb", "wikitext-2"))),
     reason="real corpora not available: set TARGETLM_DATA to a directory with ptb/ and wikitext-2/",
 )
+
+
+@real_data
+def test_groc_presets_have_fewer_parameters_than_tied(capsys):
+    """Issue 10: GroC's preset has fewer parameters than the tied model with the same prefix."""
+    totals = {}
+    for name in ("groc-ptb", "outputs-ptb-tied", *(f"outputs-ptb-{n}" for n in TABLE_8)):
+        assert main(["describe", f"configs/{name}.toml", "--json"]) == 0
+        totals[name] = json.loads(capsys.readouterr().out)["total_params"]
+    for name, total in totals.items():
+        assert name == "outputs-ptb-tied" or total < totals["outputs-ptb-tied"], totals
 
 
 @real_data

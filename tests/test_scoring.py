@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import model_config
+from conftest import CHAR_CNN, OUTPUT_OPTIONS, model_config, tiny_lexicon
 
 from targetlm.analysis.frequency import frequency_bin_table
+from targetlm.config import ComponentConfig, ModelConfig
 from targetlm.data.batching import IGNORE
 from targetlm.data.vocab import EOS, Vocabulary, tokens_from_text
 from targetlm.inference import evaluate_stream
 from targetlm.inference.caches import NeuralCache, UnigramCache
 from targetlm.inference.scoring import Combiners, TokenScores, score_text
-from targetlm.modules import build_model
+from targetlm.modules import GrocEmbedding, LanguageModel, build_model
 
 TRAIN = "the cat sat on the mat\nthe dog sat on the log\na cat saw a dog\n" * 3
 TEST = "the cat saw the zebra\na zebra sat on a sofa\nthe dog saw the cat on the sofa\n"
@@ -71,7 +74,7 @@ def test_closed_layer_in_open_vocabulary_is_mixed_with_uniform():
 
 
 def test_compositional_layer_scores_new_words_itself_and_normalises():
-    vocab, model, tokens = _setup("char_cnn")
+    vocab, model, tokens = _setup("char_cnn")  # a lookup input embedding: new inputs are <unk>
     scores = score_text(model, vocab, tokens, open_vocabulary=True, batch_size=1, segment=50)
     eval_words = list(vocab.itos) + sorted({t for t in tokens if t not in vocab}, key=tokens.index)
     weight, bias = model.output.embed_words(eval_words)
@@ -80,6 +83,58 @@ def test_compositional_layer_scores_new_words_itself_and_normalises():
     expected = log_probs.gather(1, torch.tensor([eval_words.index(t) for t in tokens])[:, None])
     torch.testing.assert_close(scores.log_probs, expected.squeeze(1), rtol=1e-4, atol=1e-5)
     assert scores.is_new.any()
+
+
+def _new_words(vocab: Vocabulary, tokens: list[str]) -> list[str]:
+    return sorted({t for t in tokens if t not in vocab}, key=tokens.index)
+
+
+def test_groc_input_embeds_the_new_words_themselves():
+    """Pappas et al. §3.1: "any word's input embedding can be calculated compositionally":
+    in open vocabulary a GroC input embedding reads a new word as itself, not as <unk>."""
+    vocab = Vocabulary.build(tokens_from_text(TRAIN))
+    torch.manual_seed(0)
+    groc = {"size": 12, **CHAR_CNN}
+    model = build_model(
+        ModelConfig(
+            embedding=ComponentConfig("groc", groc),
+            encoder=ComponentConfig("lstm", {"hidden_size": 12, "num_layers": 1}),
+            output=ComponentConfig("groc", dict(OUTPUT_OPTIONS["groc"])),
+        ),
+        vocab.itos,
+    ).eval()
+    tokens = tokens_from_text(TEST)
+    eval_words = list(vocab.itos) + _new_words(vocab, tokens)
+    lexicon = tiny_lexicon(eval_words)
+    scores = score_text(
+        model, vocab, tokens, open_vocabulary=True, batch_size=1, segment=50, lexicon=lexicon
+    )
+    assert model.output.encoder is model.embedding.encoder  # the paper's E_out = g(E_in)
+    assert model.embedding.index.word.numel() == len(vocab)  # the model is left as it was
+    # lexicon None: each side's own lexicon merged with (the stand-in) WordNet's new entries
+    grounded = score_text(model, vocab, tokens, open_vocabulary=True, batch_size=1, segment=50)
+    assert torch.isfinite(grounded.log_probs).all()
+    # directly: the input embedding built for V_eval (same parameters), the output's E_out(V_eval)
+    direct = GrocEmbedding(eval_words, lexicon, **groc)
+    direct.load_state_dict(model.embedding.state_dict())
+    weight, bias = model.output.embed_words(eval_words, lexicon)
+    targets = torch.tensor([eval_words.index(t) for t in tokens])
+    inputs = {
+        "own": torch.tensor([eval_words.index(t) for t in [EOS, *tokens[:-1]]]),
+        "unk": vocab.encode([EOS, *tokens[:-1]]),  # what a lookup input embedding reads
+    }
+    expected = {}
+    with torch.no_grad():
+        for name, ids in inputs.items():
+            embedding = direct if name == "own" else model.embedding
+            hidden, _ = LanguageModel(embedding, model.encoder, model.output)(ids[None])
+            log_probs = torch.log_softmax(hidden @ weight.t() + bias, -1)[0]  # (N, V_eval)
+            expected[name] = log_probs.gather(1, targets[:, None]).squeeze(1)
+    torch.testing.assert_close(scores.log_probs, expected["own"], rtol=1e-4, atol=1e-5)
+    after_new = torch.tensor([t not in vocab for t in [EOS, *tokens[:-1]]])  # its input is new
+    assert after_new.any()
+    assert not torch.allclose(scores.log_probs[after_new], expected["unk"][after_new])
+    torch.testing.assert_close(scores.log_probs[:2], expected["unk"][:2])  # before any new word
 
 
 def test_new_word_down_weighting_keeps_a_distribution():
@@ -193,3 +248,23 @@ def test_cache_distributions_are_normalised(kind):
         assert available[:, -1].all()
         total += probs[:, -1]
     torch.testing.assert_close(total, torch.ones(2))
+
+
+def test_cross_domain_uses_the_papers_cache_settings():
+    """App. C.4: λ = 0.966 on the model (cache 0.034), θ = 0.5, a cache of 10,000; §5.1: ω = 0.1
+    for GroC. They are the defaults of ``experiments/cross_domain.py`` (and θ, window of
+    :class:`Combiners`, so of ``targetlm eval --neural-cache``)."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / "cross_domain.py"
+    spec = importlib.util.spec_from_file_location("cross_domain", path)
+    cross_domain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cross_domain)
+    assert (Combiners().neural_theta, Combiners().neural_window) == (0.5, 10_000)
+    groc, tied = cross_domain.paper_combiners(True), cross_domain.paper_combiners(False)
+    assert groc["unigram_cache"] == Combiners(new_word_weight=0.1, unigram_cache=0.034)
+    assert groc["neural_cache"] == Combiners(
+        new_word_weight=0.1, neural_cache=0.034, neural_theta=0.5, neural_window=10_000
+    )
+    assert tied["neural_cache"].new_word_weight == 1.0  # closed layers: not down-weighted
+    grid = cross_domain.grid_combiners(True)
+    assert len(grid["unigram_cache"]) == 5 and len(grid["neural_cache"]) == 25
+    assert groc["neural_cache"] in grid["neural_cache"]

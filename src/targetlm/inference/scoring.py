@@ -5,7 +5,10 @@ first, new words appended in order of appearance). Compositional output layers (
 ``embed_words``, e.g. char-CNN and GroC) embed the new words and score them like any other;
 closed layers (lookup, tied, bilinear, residual, adaptive) give them no mass, so their
 distribution is interpolated with a uniform one over the evaluation vocabulary and unseen
-words get a finite loss. Input ids of new words are ``<unk>`` for every model.
+words get a finite loss. On the input side, a compositional input embedding (anything with
+``for_words``, e.g. GroC's) reads the new words as themselves: the model reads ids of
+``V_eval`` through the embedding rebuilt for it ("any word's input embedding can be calculated
+compositionally", Pappas et al. §3.1); a lookup table reads them as ``<unk>``.
 
 Then, in this order, per target word y_t:
 1. new-word down-weighting: ``p(w) ← p(w)·ω / (1 − (1 − ω)·P_new)`` for new words and
@@ -16,11 +19,13 @@ Then, in this order, per target word y_t:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from targetlm import functional
 from targetlm.data.batching import IGNORE, StreamBatches
@@ -43,14 +48,18 @@ class Combiners:
         neural_cache: λ of the neural cache (0: off).
         neural_theta: θ of the neural cache.
         neural_window: positions the neural cache remembers per row.
+
+    The cross-domain values of Pappas et al. (App. C.4) are λ = 0.034 for either cache (their
+    λ = 0.966 weights the model), θ = 0.5 and a window of 10,000 (the defaults here), and
+    ω = 0.1 for GroC (§5.1).
     """
 
     uniform_weight: float | None = None
     new_word_weight: float = 1.0
     unigram_cache: float = 0.0
     neural_cache: float = 0.0
-    neural_theta: float = 0.3
-    neural_window: int = 500
+    neural_theta: float = 0.5  # Pappas et al. App. C.4: "θ = 0.5 for neural cache"
+    neural_window: int = 10_000  # App. C.4: "at test time we used 10,000"
 
     def __post_init__(self) -> None:
         for name in ("uniform_weight", "unigram_cache", "neural_cache"):
@@ -104,9 +113,9 @@ def score_text(
     """Score every token of ``tokens`` (a split as read, ending with ``<eos>``).
 
     ``open_vocabulary=False`` is the usual closed evaluation: new words are ``<unk>`` targets
-    (and count as OOV). ``lexicon``: what a GroC output layer grounds new words in (None: its
-    own lexicon merged with WordNet's entries for the new words). The stream layout, and so
-    the result, is that of ``evaluate_stream``.
+    and inputs (and count as OOV). ``lexicon``: what GroC layers (input and output) ground the
+    evaluation vocabulary in (None: each layer's own lexicon merged with WordNet's entries for
+    the new words). The stream layout, and so the result, is that of ``evaluate_stream``.
     """
     was_training = model.training
     model.eval()
@@ -122,20 +131,20 @@ def score_text(
     unk = vocab.unk_id
     target_ids = torch.tensor([eval_index.get(w, unk) for w in text])  # (N + 1,)
     known = len(vocab)
-    input_ids = target_ids.masked_fill(target_ids >= known, unk)
+    new_words = len(eval_words) - known
+    embedding = model.embedding
+    if new_words and hasattr(embedding, "for_words"):  # the input side reads them too
+        grounding = _grounding(embedding, eval_words[known:], lexicon)
+        embedding = embedding.for_words(eval_words, grounding)
+        input_ids = target_ids  # ids of V_eval
+    else:
+        input_ids = target_ids.masked_fill(target_ids >= known, unk)
     weight, bias = model.output()
     compositional = open_vocabulary and hasattr(model.output, "embed_words")
-    if compositional and len(eval_words) > known:
-        own = getattr(model.output, "lexicon", None)
-        if lexicon is None and own is not None:
-            # GroC's own lexicon only knows the training words: ground the new ones in WordNet
-            from targetlm.lexicon import load_lexicon
-
-            new = eval_words[known:]
-            lexicon = own.merged(load_lexicon(new, own.max_relations, own.max_definition))
-        weight, bias = model.output.embed_words(eval_words, lexicon)
+    if compositional and new_words:
+        grounding = _grounding(model.output, eval_words[known:], lexicon)
+        weight, bias = model.output.embed_words(eval_words, grounding)
     scored_size = weight.size(0)  # V_train, or V_eval for a compositional layer
-    new_words = len(eval_words) - known
     if compositional:  # it scores new words itself
         uniform = 0.0
     elif combiners.uniform_weight is None:
@@ -156,35 +165,60 @@ def score_text(
     )
     log_probs = torch.empty(len(text) - 1)
     state = None
-    for index in range(len(inputs)):
-        x = inputs[index][0].to(device)
-        y = targets[index][1].to(device)
-        predicted, state = model(x, state)
-        logits = functional.logits(predicted, weight, bias).float()  # (B, T, V_scored)
-        log_norm = torch.logsumexp(logits, -1)
-        valid = y != IGNORE
-        in_scored = valid & (y < scored_size)
-        gathered = logits.gather(-1, y.clamp(0, scored_size - 1)[..., None]).squeeze(-1)
-        probs = torch.where(in_scored, (gathered - log_norm).exp(), torch.zeros_like(log_norm))
-        if uniform:
-            probs = (1 - uniform) * probs + uniform / len(eval_words)
-        if combiners.new_word_weight < 1 and new_words:
-            omega = combiners.new_word_weight
-            if compositional:
-                new_mass = (torch.logsumexp(logits[..., known:], -1) - log_norm).exp()
-            else:
-                new_mass = torch.full_like(probs, uniform * new_words / len(eval_words))
-            is_new = y >= known
-            probs = probs * torch.where(is_new, omega, 1.0) / (1 - (1 - omega) * new_mass)
-        if unigram is not None:
-            cache_probs, available = unigram(y)
-            probs = interpolate(probs, cache_probs, available, combiners.unigram_cache)
-        if neural is not None:
-            cache_probs, available = neural(predicted, y)
-            probs = interpolate(probs, cache_probs, available, combiners.neural_cache)
-        positions = order[index][1]  # (B, T): text index of each target
-        keep = positions != IGNORE
-        log_probs[positions[keep] - 1] = probs.log().cpu()[keep.cpu()]
+    with _input_embedding(model, embedding):
+        for index in range(len(inputs)):
+            x = inputs[index][0].to(device)
+            y = targets[index][1].to(device)
+            predicted, state = model(x, state)
+            logits = functional.logits(predicted, weight, bias).float()  # (B, T, V_scored)
+            log_norm = torch.logsumexp(logits, -1)
+            valid = y != IGNORE
+            in_scored = valid & (y < scored_size)
+            gathered = logits.gather(-1, y.clamp(0, scored_size - 1)[..., None]).squeeze(-1)
+            probs = torch.where(in_scored, (gathered - log_norm).exp(), torch.zeros_like(log_norm))
+            if uniform:
+                probs = (1 - uniform) * probs + uniform / len(eval_words)
+            if combiners.new_word_weight < 1 and new_words:
+                omega = combiners.new_word_weight
+                if compositional:
+                    new_mass = (torch.logsumexp(logits[..., known:], -1) - log_norm).exp()
+                else:
+                    new_mass = torch.full_like(probs, uniform * new_words / len(eval_words))
+                is_new = y >= known
+                probs = probs * torch.where(is_new, omega, 1.0) / (1 - (1 - omega) * new_mass)
+            if unigram is not None:
+                cache_probs, available = unigram(y)
+                probs = interpolate(probs, cache_probs, available, combiners.unigram_cache)
+            if neural is not None:
+                cache_probs, available = neural(predicted, y)
+                probs = interpolate(probs, cache_probs, available, combiners.neural_cache)
+            positions = order[index][1]  # (B, T): text index of each target
+            keep = positions != IGNORE
+            log_probs[positions[keep] - 1] = probs.log().cpu()[keep.cpu()]
     model.train(was_training)
     is_new = torch.tensor([w not in vocab for w in tokens])
     return TokenScores(log_probs, is_new, list(tokens))
+
+
+def _grounding(layer: Any, new_words: list[str], lexicon: Any) -> Any:
+    """The lexicon a GroC layer grounds ``V_eval`` in: ``lexicon`` when given, else the layer's
+    own (which only knows the training words) merged with WordNet's entries for the new
+    words; None for a layer without a lexicon (char-CNN, or relations and definitions off)."""
+    own = getattr(layer, "lexicon", None)
+    if lexicon is not None or own is None:
+        return lexicon
+    from targetlm.lexicon import load_lexicon
+
+    return own.merged(load_lexicon(new_words, own.max_relations, own.max_definition))
+
+
+@contextmanager
+def _input_embedding(model: LanguageModel, embedding: nn.Module) -> Iterator[None]:
+    """``model`` reads its input through ``embedding`` (e.g. one rebuilt for V_eval) inside the
+    block, through its own again after it."""
+    own = model.embedding
+    model.embedding = embedding
+    try:
+        yield
+    finally:
+        model.embedding = own

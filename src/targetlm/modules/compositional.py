@@ -5,7 +5,9 @@
 * :class:`GroundedEncoder`: GroC (Pappas, Mulcaire, Smith 2020): the surface encoding
   of a word, the mean surface encoding of its (≤3) WordNet relatives and of its (≤10)
   gloss words (zero when missing), concatenated and projected to d.
-* output layers ``char_cnn`` and ``groc`` and the input embedding ``groc``.
+* output layers ``char_cnn`` and ``groc`` and the input embedding ``groc``. The paper's GroC
+  is one encoder on both sides: ``E_out = g(E_in)`` (§3.2), which the ``groc`` output layer
+  builds by default when the input embedding is ``groc`` (``share_encoder = "auto"``).
 
 Speed: a word list is indexed once (:func:`index_strings`) into the unique strings that its
 words, relatives and gloss words use, so one batched char-CNN pass per step encodes each
@@ -215,10 +217,14 @@ class CharCnn(nn.Module):
 
 
 class GroundedEncoder(nn.Module):
-    """GroC's word encoder (Pappas et al. 2020): for word w,
+    """GroC's word encoder (Pappas et al. 2020, §3.1): for word w,
     ``e_w = W · [s(w); mean_{r ∈ R(w)} s(r); mean_{g ∈ D(w)} s(g)]`` with s the char-CNN,
     R(w) its WordNet relatives and D(w) its gloss words; an empty mean is zero. Turning
     ``relations`` / ``definitions`` off drops that part (the paper's ablations).
+
+    W has no bias: with a char-CNN of output size S = d it is the paper's "3d² parameters for
+    projection" (§3.4); a bias would add the same vector to every word's embedding, which the
+    prefix encoder's input bias, the softmax and the compositional bias's ``a`` absorb anyway.
     """
 
     def __init__(
@@ -236,7 +242,7 @@ class GroundedEncoder(nn.Module):
         self.definitions = definitions
         self.cnn = CharCnn(char_size, widths, channels_per_width, highway_layers)
         parts = 1 + relations + definitions
-        self.projection = nn.Linear(parts * self.cnn.output_size, size)
+        self.projection = nn.Linear(parts * self.cnn.output_size, size, bias=False)
 
     def forward(self, index: StringIndex, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The encodings of all indexed words (V, size), or of ``rows`` (n,) of them (n, size)."""
@@ -265,9 +271,23 @@ class GroundedEncoder(nn.Module):
         return self.projection(torch.cat(parts, 1))  # (V, size)
 
 
+BIAS_ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid}
+
+
+def variational_dropout(embeddings: torch.Tensor, p: float) -> torch.Tensor:
+    """Drop the same coordinates of every row (one mask over d): (V, d) -> (V, d)."""
+    mask = embeddings.new_empty(1, embeddings.size(1)).bernoulli_(1 - p)
+    return embeddings * mask / (1 - p)
+
+
 class CompositionalOutput(OutputLayer):
     """``E_out = ResidualNetwork(GroundedEncoder(V))``, compositional bias
-    ``b_v = σ(w · e_v + a)`` (Pappas et al. 2020), evaluation cache, sparse updates."""
+    ``b_v = act(w · e_v + a)`` (Pappas et al. 2020, eq. 5), evaluation cache, sparse updates.
+
+    ``embedding_dropout``: variational dropout on E_out itself in training (one mask over d
+    shared by every word); GroC uses it at depth 0, where the network has no layers to drop
+    between.
+    """
 
     def __init__(
         self,
@@ -279,14 +299,20 @@ class CompositionalOutput(OutputLayer):
         bias: bool,
         update_prob: float,
         max_word_length: int,
+        bias_activation: Literal["tanh", "sigmoid"] = "tanh",
+        embedding_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if not 0 <= update_prob <= 1:
             raise ValueError(f"update_prob must be in [0, 1], got {update_prob}")
+        if not 0 <= embedding_dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {embedding_dropout}")
         self.embedding_dim = size
         self.encoder = encoder
         self.network = network
         self.bias_layer = nn.Linear(size, 1) if bias else None
+        self.bias_activation = BIAS_ACTIVATIONS[bias_activation]
+        self.embedding_dropout = embedding_dropout
         self.update_prob = update_prob
         self.lexicon = lexicon
         self.max_word_length = max_word_length
@@ -316,10 +342,10 @@ class CompositionalOutput(OutputLayer):
         return self.network(self.encoder(index))
 
     def compositional_bias(self, weight: torch.Tensor) -> torch.Tensor | None:
-        """``b_v = σ(w · e_v + a)`` (V,): a bias with no per-word parameter."""
+        """``b_v = act(w · e_v + a)`` (V,) of E_out ``weight`` (V, d): no per-word parameter."""
         if self.bias_layer is None:
             return None
-        return torch.sigmoid(self.bias_layer(weight)).squeeze(-1)
+        return self.bias_activation(self.bias_layer(weight)).squeeze(-1)
 
     def embed_words(
         self, words: Sequence[str], lexicon: Lexicon | None = None
@@ -362,6 +388,8 @@ class CompositionalOutput(OutputLayer):
         # (detached; the bias's w, a still learn from it)
         if self._stale is None or self.update_prob >= 1 or torch.rand(()) < self.update_prob:
             weight = self.compose(self.index)
+            if self.embedding_dropout > 0:
+                weight = variational_dropout(weight, self.embedding_dropout)
             self._stale = weight.detach() if self.update_prob < 1 else None
         else:
             weight = self._stale
@@ -370,15 +398,25 @@ class CompositionalOutput(OutputLayer):
 
 @OUTPUT_LAYERS.register("groc")
 class GrocOutput(CompositionalOutput):
-    """GroC output layer (Pappas, Mulcaire, Smith 2020): grounded compositional output
-    embeddings (:class:`GroundedEncoder`) through a deep residual output network of depth k
-    with variational dropout, and a compositional bias; d = the encoder's output size.
+    """GroC output layer (Pappas, Mulcaire, Smith 2020): grounded compositional embeddings
+    (:class:`GroundedEncoder`) through a deep residual output network of depth k (eq. 4) with
+    variational dropout, and a compositional bias (eq. 5); d = the encoder's output size.
+
+    The paper's model has one encoder: ``E_out = g(E_in)``, the GroC *input* embedding
+    through the output network (§3.2), so it has fewer parameters than a tied model with a
+    lookup input. ``share_encoder = "auto"`` builds it whenever the input embedding can give
+    it (a ``groc`` input embedding of size d with the same relations/definitions).
 
     Args:
         words / lexicon: the vocabulary's strings and its lexicon (supplied by the builder).
         relations / definitions: use WordNet relatives / gloss words (ablations).
-        depth / activation / dropout: the residual output network (depth 0: none).
-        bias: the compositional bias σ(w·e_v + a).
+        depth / activation: the residual output network (depth 0: ``E_out = E^(0)``).
+        dropout: r of Table 8, variational (one mask over d for every word): between the
+            network's layers (§3.2) or, at depth 0, on the output embeddings themselves (§4.1:
+            "we apply variational dropout to all output embeddings").
+        bias / bias_activation: the compositional bias ``act(w·e_v + a)`` of eq. 5, where
+            "σ is the activation function" (not necessarily the sigmoid): tanh, as in the
+            authors' code, or sigmoid (targetlm's earlier reading, for older checkpoints).
         update_prob: p of the sparse output updates (1: recompute E_out every step; 0: only
             the first step of each ``train()`` phase, then reuse it). The reused E_out goes
             into the trainer's resumable checkpoint, so resume is exact for any p.
@@ -387,9 +425,10 @@ class GrocOutput(CompositionalOutput):
         max_relations / max_definition: relatives / gloss words per word (paper: 3 / 10).
         lexicon_drop / lexicon_seed: remove the entries of this fraction of words (Table 4).
         share_encoder: reuse the GroC input embedding's encoder (char-CNN, highway,
-            projection) instead of a second one; needs ``[model.embedding] kind = "groc"`` of
-            size d with the same relations/definitions settings (the encoder options here are
-            then unused).
+            projection) instead of a second one (the char-CNN options here are then unused).
+            ``"auto"``: share when the input embedding is ``groc`` of size d with the same
+            relations/definitions settings, else own an encoder; ``true``: share, and a
+            configuration that cannot is an error; ``false``: always own an encoder.
     """
 
     def __init__(
@@ -404,6 +443,7 @@ class GrocOutput(CompositionalOutput):
         activation: Literal["relu", "selu", "tanh"] = "relu",
         dropout: float = 0.0,
         bias: bool = True,
+        bias_activation: Literal["tanh", "sigmoid"] = "tanh",
         update_prob: float = 1.0,
         char_size: int = 16,
         widths: Widths = (1, 2, 3, 4, 5, 6),
@@ -414,7 +454,7 @@ class GrocOutput(CompositionalOutput):
         max_definition: int = 10,
         lexicon_drop: float = 0.0,
         lexicon_seed: int = 0,
-        share_encoder: bool = False,
+        share_encoder: bool | Literal["auto"] = "auto",
     ) -> None:
         lexicon = _prepare_lexicon(
             lexicon,
@@ -424,9 +464,12 @@ class GrocOutput(CompositionalOutput):
             lexicon_drop,
             lexicon_seed,
         )
-        if share_encoder:
-            encoder = _shared_encoder(embedding, hidden_size, relations, definitions)
-        else:
+        encoder = None
+        if share_encoder is not False:
+            encoder = _shared_encoder(
+                embedding, hidden_size, relations, definitions, required=share_encoder is True
+            )
+        if encoder is None:
             encoder = GroundedEncoder(
                 hidden_size,
                 relations,
@@ -445,6 +488,8 @@ class GrocOutput(CompositionalOutput):
             bias,
             update_prob,
             max_word_length,
+            bias_activation,
+            embedding_dropout=dropout if depth == 0 else 0.0,
         )
 
 
@@ -453,9 +498,9 @@ class CharCnnOutput(CompositionalOutput):
     """CNN softmax (Józefowicz et al. 2016): ``E_out = W · highway(CNN(chars))``, with
     the optional per-word correction ``+ M · c_v`` (c_v of size ``correction``; it is the one
     vocabulary-dependent part, off by default; unseen words get none). d = the encoder's
-    output size; the bias is compositional (σ(w·e_v + a)), as in GroC.
+    output size; the bias is compositional (``act(w·e_v + a)``), as in GroC.
 
-    Args: as :class:`GrocOutput`'s char-CNN options, plus ``correction``.
+    Args: as :class:`GrocOutput`'s bias and char-CNN options, plus ``correction``.
     """
 
     def __init__(
@@ -463,6 +508,7 @@ class CharCnnOutput(CompositionalOutput):
         words: Sequence[str],
         hidden_size: int,
         bias: bool = True,
+        bias_activation: Literal["tanh", "sigmoid"] = "tanh",
         update_prob: float = 1.0,
         char_size: int = 16,
         widths: Widths = (1, 2, 3, 4, 5, 6),
@@ -482,6 +528,7 @@ class CharCnnOutput(CompositionalOutput):
             bias,
             update_prob,
             max_word_length,
+            bias_activation,
         )
         if correction < 0:
             raise ValueError(f"correction must be >= 0, got {correction}")
@@ -504,10 +551,12 @@ class CharCnnOutput(CompositionalOutput):
 
 @INPUT_EMBEDDINGS.register("groc")
 class GrocEmbedding(nn.Module):
-    """GroC's compositional input embedding (Pappas et al. 2020): the
+    """GroC's compositional input embedding (Pappas et al. 2020, §3.1): the
     :class:`GroundedEncoder` on the input side; with relations and definitions off it is a
     char-CNN input embedding (Kim et al. 2016). Each step encodes only the batch's distinct
-    words.
+    words. It embeds any string: :meth:`for_words` gives it another vocabulary, e.g. with the
+    new words of an evaluation text ("any word's input embedding can be calculated
+    compositionally", §3.1).
 
     Args: ``words`` / ``lexicon`` (supplied by the builder), ``size``, and the encoder and
     lexicon options of :class:`GrocOutput`.
@@ -531,7 +580,6 @@ class GrocEmbedding(nn.Module):
         lexicon_seed: int = 0,
     ) -> None:
         super().__init__()
-        self.size = size
         lexicon = _prepare_lexicon(
             lexicon,
             relations or definitions,
@@ -540,14 +588,43 @@ class GrocEmbedding(nn.Module):
             lexicon_drop,
             lexicon_seed,
         )
-        self.encoder = GroundedEncoder(
+        encoder = GroundedEncoder(
             size, relations, definitions, char_size, widths, channels_per_width, highway_layers
         )
+        self._attach(encoder, size, words, lexicon, max_word_length)
+
+    def _attach(
+        self,
+        encoder: GroundedEncoder,
+        size: int,
+        words: Sequence[str],
+        lexicon: Lexicon | None,
+        max_word_length: int,
+    ) -> None:
+        self.size = size
+        self.encoder = encoder
+        self.lexicon = lexicon
+        self.max_word_length = max_word_length
         index = index_strings(
-            words, lexicon, relations, definitions, max_word_length, self.encoder.cnn.max_width
+            words,
+            lexicon,
+            encoder.relations,
+            encoder.definitions,
+            max_word_length,
+            encoder.cnn.max_width,
         )
         for name, tensor in zip(StringIndex._fields, index):
             self.register_buffer(f"index_{name}", tensor, persistent=False)
+
+    def for_words(self, words: Sequence[str], lexicon: Lexicon | None = None) -> GrocEmbedding:
+        """This embedding over the vocabulary ``words`` (ids index it): the same encoder
+        module, so the same parameters. ``lexicon`` grounds the words (default: the embedding's
+        own, which only knows the words it was built for)."""
+        other = type(self).__new__(type(self))
+        nn.Module.__init__(other)
+        lexicon = self.lexicon if lexicon is None else lexicon
+        other._attach(self.encoder, self.size, words, lexicon, self.max_word_length)
+        return other.to(self.index_word.device).train(self.training)
 
     @property
     def index(self) -> StringIndex:
@@ -558,28 +635,32 @@ class GrocEmbedding(nn.Module):
         return self.encoder(self.index)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, T) of this embedding's vocabulary -> (B, T, size)."""
         rows, inverse = tokens.unique(return_inverse=True)  # the batch's distinct words
         return F.embedding(inverse, self.encoder(self.index, rows))  # (B, T, size)
 
 
 def _shared_encoder(
-    embedding: nn.Module | None, size: int, relations: bool, definitions: bool
-) -> GroundedEncoder:
-    """The GroC input embedding's encoder, checked to fit the output layer."""
+    embedding: nn.Module | None,
+    size: int,
+    relations: bool,
+    definitions: bool,
+    required: bool,
+) -> GroundedEncoder | None:
+    """The GroC input embedding's encoder if it fits the output layer, else None (``required``:
+    a ValueError that says why)."""
+    problem = None
     if not isinstance(embedding, GrocEmbedding):
-        kind = type(embedding).__name__
-        raise ValueError(f"share_encoder needs a groc input embedding, not a {kind}")
-    encoder = embedding.encoder
-    if embedding.size != size:
-        raise ValueError(
-            f"share_encoder needs the input embedding size ({embedding.size}) to equal the "
-            f"output size ({size})"
-        )
-    if (encoder.relations, encoder.definitions) != (relations, definitions):
-        raise ValueError(
-            "share_encoder needs the same relations/definitions settings on both sides"
-        )
-    return encoder
+        problem = f"a groc input embedding, not a {type(embedding).__name__}"
+    elif embedding.size != size:
+        problem = f"the input embedding size ({embedding.size}) to equal the output size ({size})"
+    elif (embedding.encoder.relations, embedding.encoder.definitions) != (relations, definitions):
+        problem = "the same relations/definitions settings on both sides"
+    if problem is None:
+        return embedding.encoder
+    if required:
+        raise ValueError(f"share_encoder needs {problem}")
+    return None
 
 
 def _prepare_lexicon(
