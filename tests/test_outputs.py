@@ -99,6 +99,40 @@ def test_residual_dropout_is_variational_over_words():
     assert set(dropped.unique().tolist()) <= {0.0, 2.0}
 
 
+def test_adaptive_dropout_is_variational_over_words_and_off_in_eval():
+    torch.manual_seed(0)
+    layer = AdaptiveOutput(vocab_size=20, hidden_size=16, cutoffs=(4, 12), dropout=0.5).train()
+    ratio = layer()[0] / layer.eval()()[0]  # (20, 16): the mask (0 or 2) scaled per dimension
+    assert torch.allclose(ratio, ratio[:1].expand_as(ratio))
+    assert set(ratio[0].round().unique().tolist()) <= {0.0, 2.0}
+    with pytest.raises(ValueError, match="dropout"):
+        AdaptiveOutput(vocab_size=20, hidden_size=16, dropout=1.0)
+
+
+def test_every_output_layer_has_an_optional_bias(output_kind):
+    """Inan et al. §4 (RE) sets the output bias to zero: every output layer can drop it."""
+    from conftest import model_config
+
+    from targetlm.modules import OUTPUT_LAYERS
+
+    assert "bias" in OUTPUT_LAYERS.options(output_kind)
+    config = model_config("lstm", output_kind)
+    config = config.__class__(
+        **{
+            **config.__dict__,
+            "output": ComponentConfig(output_kind, {**config.output.options, "bias": False}),
+        }
+    )
+    torch.manual_seed(0)
+    model = build_model(config, WORDS, lexicon=tiny_lexicon(WORDS))
+    weight, bias = model.output()
+    assert bias is None and weight.shape[0] == len(WORDS)
+    assert not any(
+        "bias" in name and "output" in name and p.numel() == len(WORDS)
+        for name, p in model.named_parameters()
+    )
+
+
 def test_adaptive_bins_shapes_and_parameters():
     layer = AdaptiveOutput(vocab_size=20, hidden_size=16, cutoffs=(4, 12), factor=2.0)
     assert layer.bins == [(0, 4), (4, 12), (12, 20)]

@@ -29,7 +29,12 @@ from torch import nn
 from targetlm.lexicon.characters import NUM_CHARACTERS, PAD, encode_characters
 from targetlm.lexicon.lexicon import Lexicon
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS
-from targetlm.modules.outputs import OUTPUT_LAYERS, OutputLayer, ResidualNetwork
+from targetlm.modules.outputs import (
+    OUTPUT_LAYERS,
+    OutputLayer,
+    ResidualNetwork,
+    variational_dropout,
+)
 
 Widths = tuple[int, ...]
 
@@ -272,12 +277,6 @@ class GroundedEncoder(nn.Module):
 
 
 BIAS_ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid}
-
-
-def variational_dropout(embeddings: torch.Tensor, p: float) -> torch.Tensor:
-    """Drop the same coordinates of every row (one mask over d): (V, d) -> (V, d)."""
-    mask = embeddings.new_empty(1, embeddings.size(1)).bernoulli_(1 - p)
-    return embeddings * mask / (1 - p)
 
 
 class CompositionalOutput(OutputLayer):

@@ -108,6 +108,12 @@ class BilinearOutput(OutputLayer):
 ACTIVATIONS = {"relu": torch.relu, "selu": F.selu, "tanh": torch.tanh}
 
 
+def variational_dropout(embeddings: torch.Tensor, p: float) -> torch.Tensor:
+    """Drop the same coordinates of every row (one mask over d): (V, d) -> (V, d)."""
+    mask = embeddings.new_empty(1, embeddings.size(1)).bernoulli_(1 - p)
+    return embeddings * mask / (1 - p)
+
+
 class ResidualNetwork(nn.Module):
     """Deep residual output network (Pappas & Henderson 2019):
     ``E^(j) = g_j(E^(j−1)) + E^(0)``, ``g_j(E) = act(drop(E) · U_j + b_j)``, j = 1..depth.
@@ -140,8 +146,7 @@ class ResidualNetwork(nn.Module):
         hidden = embeddings
         for layer in self.layers:
             if self.training and self.dropout > 0:
-                mask = hidden.new_empty(1, hidden.size(1)).bernoulli_(1 - self.dropout)
-                hidden = hidden * mask / (1 - self.dropout)  # (N, d), same mask for every word
+                hidden = variational_dropout(hidden, self.dropout)  # same mask for every word
             hidden = self.activation(layer(hidden)) + embeddings
         return hidden
 
@@ -187,6 +192,8 @@ class AdaptiveOutput(OutputLayer):
     Args:
         cutoffs: bin boundaries (increasing). factor: dimension shrink per bin.
         bias: learn a bias per word.
+        dropout: variational dropout on E_out in training (one mask over d shared by every
+            word; Pappas et al. 2020 §4.1 "variational dropout to all output embeddings").
     """
 
     def __init__(
@@ -196,8 +203,12 @@ class AdaptiveOutput(OutputLayer):
         cutoffs: tuple[int, ...] = (2000, 10000),
         factor: float = 4.0,
         bias: bool = True,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.dropout = dropout
         if list(cutoffs) != sorted(set(cutoffs)) or (cutoffs and cutoffs[0] < 1):
             raise ValueError(f"cutoffs must be positive and increasing, got {list(cutoffs)}")
         if factor < 1:
@@ -217,4 +228,7 @@ class AdaptiveOutput(OutputLayer):
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         parts = [project(table) for table, project in zip(self.tables, self.projections)]
-        return torch.cat(parts), self.bias  # (V, d): bin i's rows (n_i, d_i) -> (n_i, d)
+        weight = torch.cat(parts)  # (V, d): bin i's rows (n_i, d_i) -> (n_i, d)
+        if self.training and self.dropout > 0:
+            weight = variational_dropout(weight, self.dropout)
+        return weight, self.bias
