@@ -1,11 +1,13 @@
 """Collect the experiment runs into the markdown tables of docs/results.md.
 
-    python experiments/collect.py inan     [--runs runs/inan-small-ptb]
-    python experiments/collect.py heo      [--runs runs/heo-lstm-ptb]
-    python experiments/collect.py outputs  [--runs runs/outputs-ptb]
+    python experiments/collect.py inan     [--runs runs/inan-small-ptb]   (or runs/inan-ptb-cpu)
+    python experiments/collect.py heo      [--runs runs/heo-lstm-ptb]     (or runs/heo-tf-ptb)
+    python experiments/collect.py outputs  [--runs runs/outputs-ptb]      (or runs/pappas-ptb-cpu)
 
-Reads each run's results.json (and, for the heads, eval-{valid,test}.json written by
-experiments/heo_lstm_ptb.sh); prints mean ± sample standard deviation over seeds.
+Reads each run's results.json and, where the experiment script wrote them,
+eval-{valid,test}.json (full splits; they take precedence over results.json, whose valid
+perplexity may be of the validation slice used for model selection); prints mean ± sample
+standard deviation over seeds.
 """
 
 from __future__ import annotations
@@ -28,9 +30,17 @@ def _runs(root: Path) -> dict[str, dict[int, Path]]:
 
 
 def _results(seeds: dict[int, Path]) -> tuple[list[dict], list[float], list[float]]:
-    """Each seed's results.json, and its valid and test perplexities."""
+    """Each seed's results.json, and its valid and test perplexities (eval-*.json first)."""
     results = [json.loads((r / "results.json").read_text()) for r in seeds.values()]
-    return results, [r["valid"]["ppl"] for r in results], [r["test"]["ppl"] for r in results]
+    splits = {"valid": [], "test": []}
+    for run, result in zip(seeds.values(), results):
+        for split, values in splits.items():
+            evaluated = run / f"eval-{split}.json"
+            if evaluated.is_file():
+                values.append(json.loads(evaluated.read_text())["ppl"])
+            else:
+                values.append(result[split]["ppl"])
+    return results, splits["valid"], splits["test"]
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -56,12 +66,23 @@ def inan(root: Path) -> None:
         )
 
 
+PAPER_HEO_TABLE1 = {  # Heo et al. 2025 Table 1 (TF decoder, PTB, 5 seeds), test ppl at λ = 0 .. 0.6
+    "base": (161.0,),
+    "sim-n2": (150.8, 134.6, 135.3, 156.3),
+    "sim-n3": (153.3, 134.4, 133.0, 151.9),
+    "sim-n4": (158.1, 133.6, 129.1, 147.1),
+    "wdr-n2": (149.0, 136.5, 129.8, 128.1),
+    "wdr-n3": (153.1, 136.1, 128.2, 128.8),
+    "wdr-n4": (150.5, 131.6, 124.1, 127.5),
+}
+
+
 def heo(root: Path) -> None:
     runs = _runs(root)
     lambdas = ("0", "0.2", "0.4", "0.6")
     print("| model | seeds | params | " + " | ".join(f"test λ={lam}" for lam in lambdas), end="")
-    print(" | best λ on valid → test |")
-    print("|---|---:|---:|" + "---:|" * len(lambdas) + "---:|")
+    print(" | best λ on valid → test | paper λ=0 / 0.2 / 0.4 / 0.6 |")
+    print("|---|---:|---:|" + "---:|" * len(lambdas) + "---:|---|")
     for method in ("base", "sim-n2", "sim-n3", "sim-n4", "wdr-n2", "wdr-n3", "wdr-n4"):
         seeds = runs.get(method, {})
         if not seeds:
@@ -85,7 +106,7 @@ def heo(root: Path) -> None:
         print(
             f"| {method} | {len(seeds)} | {params['total_params']:,} | "
             + " | ".join(cells)
-            + f" | {_mean_sd(best)} |"
+            + f" | {_mean_sd(best)} | {' / '.join(map(str, PAPER_HEO_TABLE1[method]))} |"
         )
 
 
@@ -94,20 +115,25 @@ OUTPUT_ORDER = [
     "groc", "groc-norel", "groc-nodef", "groc-noreldef", "groc-p0.3", "groc-ptb",
 ]  # fmt: skip
 PAPER_TABLE2 = {"tied": 86.2, "adaptive": 79.3, "groc": 69.5}  # 2x1024 LSTM, converged
+PAPER_TABLE9_PARAMS = {"tied": "10M", "adaptive": "8M", "groc": "9M"}
 
 
 def outputs(root: Path) -> None:
     runs = _runs(root)
     order = [m for m in OUTPUT_ORDER if m in runs] + sorted(set(runs) - set(OUTPUT_ORDER))
-    print("| output layer | seeds | params | valid ppl | test ppl | per seed (test) | paper test |")
-    print("|---|---:|---:|---:|---:|---|---:|")
+    print(
+        "| output layer | seeds | params | valid ppl | test ppl | per seed (test) | paper test "
+        "| paper params |"
+    )
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
     for method in order:
         seeds = runs[method]
         results, valid, test = _results(seeds)
         per_seed = ", ".join(f"s{s}: {t:.1f}" for s, t in zip(seeds, test))
         print(
             f"| {method} | {len(seeds)} | {results[0]['total_params']:,} | {_mean_sd(valid)} "
-            f"| {_mean_sd(test)} | {per_seed} | {PAPER_TABLE2.get(method, '–')} |"
+            f"| {_mean_sd(test)} | {per_seed} | {PAPER_TABLE2.get(method, '–')} "
+            f"| {PAPER_TABLE9_PARAMS.get(method, '–')} |"
         )
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up targetlm in ./.venv: torch 2.13.0 first (the CPU wheel; pinned so pip never
-# resolves a multi-GB CUDA build), then the project with its test tools.
+# resolves a multi-GB CUDA build), then the project with its test tools (which include
+# Hugging Face `tokenizers`, the "text" extra: BPE / unigram tokenizers).
 # Usage: bash scripts/setup.sh        (idempotent; PYTHON=python3.x to choose the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -141,6 +141,9 @@ def test_eval_json_matches_the_results_of_training(run_dir, capsys, split):
     assert result["ppl"] == pytest.approx(expected["ppl"], rel=1e-6)
     assert result["tokens"] == expected["tokens"]
     assert result["oov_rate"] == pytest.approx(expected["oov_rate"])
+    # whitespace tokens are the words: perplexity per word is perplexity per token
+    assert result["words"] == result["tokens"]
+    assert result["word_ppl"] == pytest.approx(result["ppl"])
 
 
 def test_eval_text_output(run_dir, capsys):

@@ -2,7 +2,7 @@
 
     targetlm train CONFIG [--set key=value ...] [--run-dir DIR] [--resume]
     targetlm finetune RUN_DIR --run-dir NEW_DIR [--set key=value ...] [--resume]
-    targetlm eval RUN_DIR [--split valid|test] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
+    targetlm eval RUN_DIR [--split valid|test | --file PATH] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
                   [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
                   [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
     targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
@@ -25,12 +25,23 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from targetlm import config as config_lib
-from targetlm.data import DATASETS, DataError, Vocabulary, with_context_token
-from targetlm.data.datasets import get_spec, read_split
+from targetlm.data import (
+    DATASETS,
+    DataError,
+    Vocabulary,
+    count_words,
+    load_corpus,
+    read_file,
+    read_lines,
+    read_split,
+    with_context_token,
+)
+from targetlm.data.datasets import get_spec
 from targetlm.inference.scoring import Combiners, TokenScores
 from targetlm.registry import ConfigError
 from targetlm.training.checkpoint import CheckpointError
@@ -72,9 +83,12 @@ def _finetune(args: argparse.Namespace) -> int:
                 f"{args.run_dir} was finetuned from {config.train.init_from}, not {source}"
             )
     else:  # the source run's config, changed by --set (typically data.* and train.*)
+        from targetlm.training.finetune import reuse_tokenizer
+
         checkpoint, _, _ = read_best(args.source)
         data = config_lib.apply_overrides(checkpoint["config"], args.set)
         data.setdefault("train", {})["init_from"] = source
+        reuse_tokenizer(checkpoint["config"], data, Path(source))
         config = config_lib.from_dict(data)
     results = Trainer(
         config, args.run_dir, resume=args.resume, log=lambda m: print(m, flush=True)
@@ -87,6 +101,7 @@ def _finetune(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from targetlm.inference import evaluate_ensemble, evaluate_stream
+    from targetlm.inference.evaluate import per_word, perplexity
     from targetlm.runs import load_run
 
     combiners = _combiners(args)
@@ -95,6 +110,8 @@ def _eval(args: argparse.Namespace) -> int:
             "--ensemble-lambda cannot be combined with --open-vocab or the caches yet; "
             "evaluate them separately"
         )
+    if args.file is not None and args.split is not None:
+        raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
     config, vocab, model, _ = load_run(args.run_dir, _eval_overrides(args))
     if args.ensemble_lambda and (model.heads is None or model.heads.num_predictions < 2):
         raise ConfigError(
@@ -105,11 +122,24 @@ def _eval(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--ensemble-lambda: every λ must be in [0, 1], got {args.ensemble_lambda}"
         )
-    split = getattr(config.data, args.split)
-    tokens = read_split(config.data, split)
+    if args.open_vocab and config.data.tokenizer != "whitespace":
+        raise ConfigError(
+            f"--open-vocab: a {config.data.tokenizer} tokenizer reads any text with its own "
+            "symbols, so there are no new words to add"
+        )
+    split = args.split or "test"
+    if args.file is not None:
+        lines, source = read_file(args.file, config.data.lowercase), str(args.file)
+    else:
+        source = getattr(config.data, split)
+        lines = read_lines(config.data, source)
+    tokens = vocab.tokenizer.tokenize(lines)  # the run's tokenizer and vocabulary
+    words = count_words(lines)
+    where = {"split": None if args.file is not None else split, "file": source}
     if combiners is not None:
         scores = _score(model, vocab, config, tokens, args.open_vocab, combiners)
-        result = {**scores.summary(), **_settings(config, args, split, combiners)}
+        result = {**per_word(scores.summary(), words), **_settings(config, args, combiners)}
+        result.update(where)
         if args.json:
             print(json.dumps(result))
         else:
@@ -123,9 +153,12 @@ def _eval(args: argparse.Namespace) -> int:
         )
     else:
         result = evaluate_stream(model, ids, config.eval.batch_size, segment, config.train.device)
+    result = per_word(result, words)
+    for row in result.get("ensemble", []):
+        row["word_ppl"] = perplexity(row["nll"] * result["tokens"] / words)
     result.update(
-        split=args.split,
-        file=split,
+        **where,
+        tokenizer=config.data.tokenizer,
         oov_rate=vocab.oov_rate(tokens),
         batch_size=config.eval.batch_size,
         segment=segment,
@@ -137,9 +170,10 @@ def _eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
+        name = source if args.file is not None else f"{split} ({source})"
         print(
-            f"{args.split} ({split}): ppl {result['ppl']:.2f} over {result['tokens']:,} tokens, "
-            f"OOV rate {result['oov_rate']:.2%}"
+            f"{name}: ppl {result['ppl']:.2f} over {result['tokens']:,} tokens, "
+            f"OOV rate {result['oov_rate']:.2%}" + _per_word_text(result)
         )
         for row in result.get("ensemble", []):
             print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
@@ -208,7 +242,10 @@ def _score(
 
 
 def _settings(
-    config: config_lib.Config, args: argparse.Namespace, split: str, combiners: Combiners
+    config: config_lib.Config,
+    args: argparse.Namespace,
+    combiners: Combiners,
+    split: str | None = None,
 ) -> dict:
     """What an open-vocabulary / cache evaluation used (``uniform_weight`` None: score_text's
     default, 0.01 for a closed output layer when the text has new words)."""
@@ -216,6 +253,7 @@ def _settings(
         "split": args.split,
         "file": split,
         "data": config.data.name,
+        "tokenizer": config.data.tokenizer,
         "lowercase": config.data.lowercase,
         "open_vocab": args.open_vocab,
         **dataclasses.asdict(combiners),
@@ -229,11 +267,20 @@ def _print_summary(result: dict) -> None:
         return "-" if result[key] is None else f"{result[key]:.2f}"
 
     vocabulary = "open vocabulary" if result["open_vocab"] else "closed vocabulary"
+    name = result["split"] or "file"
     print(
-        f"{result['split']} ({result['data']} {result['file']}), {vocabulary}: ppl {ppl('ppl')} "
+        f"{name} ({result['data']} {result['file']}), {vocabulary}: ppl {ppl('ppl')} "
         f"over {result['tokens']:,} tokens (new words: ppl {ppl('ppl_new')} over "
         f"{result['new_tokens']:,}; known: ppl {ppl('ppl_known')}), OOV rate {result['oov_rate']:.2%}"
+        + _per_word_text(result)
     )
+
+
+def _per_word_text(result: dict) -> str:
+    """The per-word perplexity, where the tokens are not the words."""
+    if result["words"] == result["tokens"]:
+        return ""
+    return f"; per word: ppl {result['word_ppl']:.2f} over {result['words']:,} words"
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -241,18 +288,20 @@ def _generate(args: argparse.Namespace) -> int:
     from targetlm.runs import load_run
 
     config, vocab, model, _ = load_run(args.run_dir)
-    words = generate(
+    tokenizer = vocab.tokenizer
+    # the prompt's tokens, without the <eos> that would end its last line
+    prompt = list(tokenizer.tokenize(args.prompt.split("\n")))[:-1]
+    tokens = generate(
         model,
         vocab,
-        args.prompt.split(),
+        prompt,
         args.max_tokens,
         args.temperature,
         args.top_k,
         args.seed,
         config.train.device,
     )
-    text = " ".join(args.prompt.split() + words).replace(" <eos> ", "\n").replace(" <eos>", "\n")
-    print(text.rstrip("\n"))
+    print(tokenizer.decode(prompt + tokens).rstrip("\n"))
     return 0
 
 
@@ -261,7 +310,7 @@ def _describe(args: argparse.Namespace) -> int:
     from targetlm.modules import build_model
 
     config = config_lib.load(args.config, args.set)
-    vocab = Vocabulary.build(read_split(config.data, config.data.train))
+    vocab = load_corpus(config.data, (config.data.train,)).vocab  # the tokenizer's, if any
     # parameters never depend on the lexicon's contents, so counting needs no WordNet
     model = build_model(config.model, vocab.itos, lexicon=Lexicon())
     params = model.parameter_counts()
@@ -269,7 +318,7 @@ def _describe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"total_params": total, "params": params, "vocab_size": len(vocab)}))
         return 0
-    print(f"vocabulary: {len(vocab):,} words ({config.data.name})")
+    print(f"vocabulary: {len(vocab):,} {_entries(config)} ({config.data.name})")
     parts = {
         "input_embedding": config.model.embedding,
         "encoder": config.model.encoder,
@@ -281,6 +330,15 @@ def _describe(args: argparse.Namespace) -> int:
         print(f"{name + kind:<32}{count:>14,}")
     print(f"{'total':<32}{total:>14,}")
     return 0
+
+
+def _entries(config: config_lib.Config) -> str:
+    return "words" if config.data.tokenizer == "whitespace" else f"{config.data.tokenizer} symbols"
+
+
+def _run_tokens(config: config_lib.Config, vocab: Vocabulary, split: str) -> Sequence[str]:
+    """The tokens of a split of a run's data, read with the run's tokenizer."""
+    return vocab.tokenizer.tokenize(read_lines(config.data, split))
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -355,7 +413,7 @@ def _analyze_word_probs(args: argparse.Namespace) -> int:
         missing = [w for w in args.words if w not in vocab]
         if missing:
             raise DataError(f"{run_dir}: not in the vocabulary: {', '.join(missing)}")
-        tokens = read_split(config.data, getattr(config.data, args.split))
+        tokens = _run_tokens(config, vocab, getattr(config.data, args.split))
         ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
         segment = config.eval.segment or config.data.bptt
         result = mean_word_probabilities(
@@ -385,7 +443,7 @@ def _analyze_tsne(args: argparse.Namespace) -> int:
     levels = [int(n) for n in args.levels]
     if any(n < 0 for n in levels) or args.tokens <= max(levels, default=0) + 1:
         raise ConfigError("--levels must be >= 0 and --tokens larger than the highest level + 1")
-    ids = vocab.encode(read_split(config.data, getattr(config.data, args.split)))[: args.tokens]
+    ids = vocab.encode(_run_tokens(config, vocab, getattr(config.data, args.split)))[: args.tokens]
     weight, _ = model.output()
     points = target_tsne(weight, ids, levels, seed=args.seed)
     plot_tsne(
@@ -409,7 +467,7 @@ def _analyze_freq_bins(args: argparse.Namespace) -> int:
             "vocabularies differ): the frequency bins need one training count per word"
         )
     split = getattr(config.data, args.split)
-    tokens = read_split(config.data, split)  # the same text for both runs
+    tokens = _run_tokens(config, vocab, split)  # the same text for both runs
     first = _score(model_a, vocab, config, tokens, args.open_vocab, combiners)
     second = _score(model_b, vocab, config_b, tokens, args.open_vocab, combiners)
     rows = frequency_bin_table(first, second, dict(zip(vocab.itos, vocab.counts)))
@@ -420,7 +478,7 @@ def _analyze_freq_bins(args: argparse.Namespace) -> int:
         result = {
             "run_a": str(args.run_a),
             "run_b": str(args.run_b),
-            **_settings(config, args, split, combiners),
+            **_settings(config, args, combiners, split),
             "summary": {"a": first.summary(), "b": second.summary()},
             "bins": rows,
             "plot": str(args.out),
@@ -527,9 +585,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the finetuning run exactly")
     p.set_defaults(func=_finetune)
 
-    p = sub.add_parser("eval", help="perplexity of a trained run on a split")
+    p = sub.add_parser("eval", help="perplexity of a trained run on a split or a text file")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    p.add_argument(
+        "--split",
+        choices=["train", "valid", "test"],
+        help="a split of the run's data (default test)",
+    )
+    p.add_argument(
+        "--file",
+        type=Path,
+        metavar="PATH",
+        help="any text file instead, read like a split with the run's tokenizer and vocabulary",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
         "--ensemble-lambda",

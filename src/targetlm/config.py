@@ -58,12 +58,24 @@ class SyntheticConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    name: str = "synthetic"
+    name: str = "synthetic"  # a registered dataset, or "text": your own files in data.dir
     dir: str | None = None  # overrides $TARGETLM_DATA/<name> and the user cache
-    train: str = "train"  # split names (file stems); Brown uses genre names
+    # split names: file stems (Brown uses genre names); for "text", file names in data.dir
+    # (NAME or NAME.txt, e.g. "train.en"); any of them sliced by line fractions: "news[:0.8]"
+    train: str = "train"
     valid: str = "valid"
     test: str = "test"
     lowercase: bool = False
+    # how lines become tokens (targetlm.data.tokenizers): whitespace | bpe | unigram | bytes
+    tokenizer: str = "whitespace"
+    # whitespace: keep at most max_size entries (with <unk>, <eos>), only words seen at least
+    # min_count times (default 1); the other words are <unk>
+    max_size: int | None = None
+    min_count: int | None = None
+    # bpe / unigram: symbols incl. <unk>, <eos> and the 256 byte symbols (default 8000), learnt
+    # on the training split; or a saved tokenizer.json to use instead (finetuning sets it)
+    vocab_size: int | None = None
+    tokenizer_file: str | None = None
     train_tokens: int = (
         0  # keep only the first N training tokens (0: all), e.g. Inan et al.'s 20k-token analysis
     )
@@ -235,8 +247,7 @@ def validate(config: Config) -> None:
     ):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0")
-    if config.data.train_tokens < 0:
-        raise ConfigError("data.train_tokens: must be >= 0 (0: the whole split)")
+    _validate_data(config.data)
     if config.eval.segment < 0:
         raise ConfigError("eval.segment: must be >= 0 (0: data.bptt)")
     from targetlm.data.synthetic import NUM_CLASSES
@@ -249,6 +260,19 @@ def validate(config: Config) -> None:
     for key in ("train_sentences", "valid_sentences", "test_sentences"):
         if getattr(config.data.synthetic, key) < 1:
             raise ConfigError(f"data.synthetic.{key}: must be >= 1")
+
+
+def _validate_data(data: DataConfig) -> None:
+    """The data options: the tokenizer's (built, untrained) and the text dataset's directory."""
+    from targetlm.data.tokenizers import build_tokenizer
+
+    if data.train_tokens < 0:
+        raise ConfigError("data.train_tokens: must be >= 0 (0: the whole split)")
+    if data.name == "text" and not data.dir:
+        raise ConfigError(
+            "data.dir: data.name = 'text' reads your own files; set data.dir to their directory"
+        )
+    build_tokenizer(data)
 
 
 def parse_value(text: str) -> Any:

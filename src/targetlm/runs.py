@@ -3,6 +3,7 @@
 RUN_DIR/
   config.toml      the resolved config
   vocab.txt        "word<TAB>count" per id
+  tokenizer.json   the BPE / unigram tokenizer (data.tokenizer), whose symbols are vocab.txt's words
   metrics.jsonl    one JSON object per logged step / validation
   last.pt          resumable checkpoint (model, optimiser, schedule, position, RNG, carried state)
   best.pt          the model with the best validation perplexity
@@ -20,6 +21,7 @@ import torch
 
 from targetlm import config as config_lib
 from targetlm.config import Config
+from targetlm.data.tokenizers import TOKENIZER_FILE, load_tokenizer
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel, build_model
 from targetlm.training.checkpoint import CheckpointError, load
@@ -33,6 +35,7 @@ CONFIG, VOCAB, METRICS, LAST, BEST, RESULTS, REPORT = (
     "results.json",
     "report.md",
 )
+TOKENIZER = TOKENIZER_FILE  # written beside vocab.txt by Vocabulary.save
 
 
 def load_state_into(model: LanguageModel, state: dict, vocab: Vocabulary, where: str) -> None:
@@ -69,10 +72,12 @@ def load_run(
 
     ``overrides`` (``--set``) change data/eval settings, e.g. ``data.dir`` or ``eval.batch_size``.
     A run trained on a GPU loads on the CPU where no GPU is available (with a warning);
-    the returned config's ``train.device`` is where the model is.
+    the returned config's ``train.device`` is where the model is. The vocabulary's
+    ``tokenizer`` is the run's (``tokenizer.json`` for BPE / unigram, checked against it).
     """
     checkpoint, vocab, path = read_best(run_dir)
     config = config_lib.from_dict(config_lib.apply_overrides(checkpoint["config"], list(overrides)))
+    vocab.tokenizer = load_tokenizer(config.data, Path(run_dir), vocab)
     device = available_device(config.train.device)
     if str(device) != config.train.device:
         config = dataclasses.replace(

@@ -1,21 +1,50 @@
-"""Corpora, vocabulary, batching and the dataset registry."""
+"""Corpora, tokenizers, vocabulary, batching and the dataset registry."""
 
 from targetlm.data.batching import IGNORE, StreamBatches, with_context_token
-from targetlm.data.datasets import DATASETS, Corpus, download, load_corpus, read_split, resolve_dir
-from targetlm.data.vocab import EOS, UNK, DataError, Vocabulary, read_tokens, tokens_from_text
+from targetlm.data.datasets import (
+    DATASETS,
+    Corpus,
+    download,
+    load_corpus,
+    read_file,
+    read_lines,
+    read_split,
+    resolve_dir,
+)
+from targetlm.data.tokenizers import TOKENIZERS, Tokenizer, build_tokenizer, load_tokenizer
+from targetlm.data.vocab import (
+    EOS,
+    UNK,
+    DataError,
+    EncodedTokens,
+    Vocabulary,
+    count_words,
+    read_text,
+    read_tokens,
+    tokens_from_text,
+)
 
 __all__ = [
     "DATASETS",
     "EOS",
     "IGNORE",
+    "TOKENIZERS",
     "UNK",
     "Corpus",
     "DataError",
+    "EncodedTokens",
     "StreamBatches",
+    "Tokenizer",
     "Vocabulary",
+    "build_tokenizer",
+    "count_words",
     "download",
     "load_corpus",
+    "load_tokenizer",
+    "read_file",
+    "read_lines",
     "read_split",
+    "read_text",
     "read_tokens",
     "resolve_dir",
     "tokens_from_text",

@@ -5,6 +5,13 @@ format (Brown: one file per genre). The directory is found, in order, at
 ``data.dir`` (config), ``$TARGETLM_DATA/<name>``, then the user cache
 (``$XDG_CACHE_HOME/targetlm/<name>``, default ``~/.cache/targetlm/<name>``), which
 is where ``targetlm data download`` puts it. ``synthetic`` is generated in memory.
+``text`` is a directory of the user's own files (``data.dir``): ``data.train``,
+``data.valid`` and ``data.test`` name its files (``train.en``; ``NAME`` or ``NAME.txt``).
+
+A split is read as lines (a leading byte-order mark dropped, optionally lower-cased and
+sliced by line fractions); the tokenizer (``data.tokenizer``,
+:mod:`targetlm.data.tokenizers`) learnt on the training lines turns every split's lines
+into the token stream, one ``<eos>`` per line.
 """
 
 from __future__ import annotations
@@ -17,13 +24,22 @@ import shutil
 import tempfile
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from targetlm.config import DataConfig
 from targetlm.data.synthetic import SyntheticLanguage
-from targetlm.data.vocab import EOS, DataError, Vocabulary, read_tokens
+from targetlm.data.tokenizers import build_tokenizer
+from targetlm.data.vocab import (
+    EOS,
+    DataError,
+    Vocabulary,
+    count_words,
+    lines_from_text,
+    read_text,
+    tokens_from_lines,
+)
 
 
 @dataclass(frozen=True)
@@ -174,8 +190,14 @@ DATASETS: dict[str, DatasetSpec] = {
             "built-in toy language (probabilistic grammar over a Zipfian lexicon), generated in memory",
             ("train", "valid", "test"),
         ),
+        DatasetSpec(
+            "text",
+            "your own text files in data.dir (data.train / valid / test name them: NAME or NAME.txt)",
+            ("train", "valid", "test"),
+        ),
     )
 }
+TEXT = "text"  # the dataset of the user's own files
 
 
 def get_spec(name: str) -> DatasetSpec:
@@ -220,14 +242,18 @@ def resolve_dir(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Pat
 
 @dataclass
 class Corpus:
-    """Tokens of each split and the vocabulary of the training split."""
+    """The token stream of each split, the vocabulary of the training split, and each split's
+    number of words (whitespace words + line ends: the per-word perplexity's denominator;
+    absent for a training split cut by ``data.train_tokens``)."""
 
     vocab: Vocabulary
-    splits: dict[str, list[str]]
+    splits: dict[str, Sequence[str]]
+    words: dict[str, int] = field(default_factory=dict)
 
 
-def read_split(config: DataConfig, split: str) -> list[str]:
-    """Tokens of one split: a file stem such as ``valid`` or ``news``, optionally sliced.
+def read_lines(config: DataConfig, split: str) -> list[str]:
+    """Lines of one split: a file stem such as ``valid`` or ``news`` (for ``text``, a file name
+    in ``data.dir``), optionally sliced; lower-cased with ``data.lowercase``.
 
     ``stem[a:b]`` keeps the sentences (lines) from fraction a to fraction b of the file, so
     one Brown genre can give a finetuning, a validation and a test part:
@@ -235,27 +261,72 @@ def read_split(config: DataConfig, split: str) -> list[str]:
     """
     stem, window = parse_split(split)
     if config.name == "synthetic":
-        s = config.synthetic
-        sizes = {
-            parse_split(config.train)[0]: s.train_sentences,
-            parse_split(config.valid)[0]: s.valid_sentences,
-            parse_split(config.test)[0]: s.test_sentences,
-        }
-        if stem not in sizes:
-            raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {stem!r}")
-        tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(stem, sizes[stem])
-        tokens = [t.lower() for t in tokens] if config.lowercase else tokens
+        lines = _synthetic_lines(config, stem)
+        lines = [line.lower() for line in lines] if config.lowercase else lines
         source = f"synthetic split {stem!r}"
     else:
-        get_spec(config.name)
-        directory = resolve_dir(config.name, config.dir, (stem,))
-        tokens = read_tokens(directory / f"{stem}.txt", config.lowercase)
-        source = f"file {directory / (stem + '.txt')}"
-    tokens = _slice_lines(tokens, window)
-    if not tokens:
+        path = _text_file(config, stem) if config.name == TEXT else _dataset_file(config, stem)
+        lines = lines_from_text(read_text(path), config.lowercase)
+        source = f"file {path}"
+    lines = _slice_lines(lines, window)
+    if not lines:
         part = f" (slice {split!r})" if window != (0.0, 1.0) else ""
         raise DataError(f"{'training ' if split == config.train else ''}{source}{part} is empty")
-    return tokens
+    return lines
+
+
+def read_file(path: str | Path, lowercase: bool = False) -> list[str]:
+    """Lines of any text file, read like a split (``eval --file``); an empty file is an error."""
+    lines = lines_from_text(read_text(path), lowercase)
+    if not lines:
+        raise DataError(f"{path} is empty: nothing to evaluate")
+    return lines
+
+
+def read_split(config: DataConfig, split: str) -> list[str]:
+    """Whitespace tokens of one split (:func:`read_lines`), one ``<eos>`` per line."""
+    return tokens_from_lines(read_lines(config, split))
+
+
+def _synthetic_lines(config: DataConfig, stem: str) -> list[str]:
+    s = config.synthetic
+    sizes = {
+        parse_split(config.train)[0]: s.train_sentences,
+        parse_split(config.valid)[0]: s.valid_sentences,
+        parse_split(config.test)[0]: s.test_sentences,
+    }
+    if stem not in sizes:
+        raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {stem!r}")
+    tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(stem, sizes[stem])
+    lines, words = [], []
+    for token in tokens:  # the generator ends every sentence with <eos>
+        if token == EOS:
+            lines.append(" ".join(words))
+            words = []
+        else:
+            words.append(token)
+    return lines
+
+
+def _dataset_file(config: DataConfig, stem: str) -> Path:
+    get_spec(config.name)
+    return resolve_dir(config.name, config.dir, (stem,)) / f"{stem}.txt"
+
+
+def _text_file(config: DataConfig, name: str) -> Path:
+    """The user's file ``name`` (or ``name.txt``) in ``data.dir``."""
+    if not config.dir:
+        raise DataError("data.name = 'text' reads your own files: set data.dir to their directory")
+    directory = Path(config.dir)
+    if not directory.is_dir():
+        raise DataError(f"data.dir {directory} does not exist or is not a directory")
+    for path in (directory / name, directory / f"{name}.txt"):
+        if path.is_file():
+            return path
+    raise DataError(
+        f"no file {directory / name} (data.train, data.valid and data.test name files in "
+        f"data.dir {directory})"
+    )
 
 
 _SLICE = re.compile(r"^(?P<stem>[^\[\]]+)(\[(?P<start>[0-9.]*):(?P<stop>[0-9.]*)\])?$")
@@ -279,24 +350,26 @@ def parse_split(split: str) -> tuple[str, tuple[float, float]]:
     return match["stem"], (start, stop)
 
 
-def _slice_lines(tokens: list[str], window: tuple[float, float]) -> list[str]:
+def _slice_lines(lines: list[str], window: tuple[float, float]) -> list[str]:
     if window == (0.0, 1.0):
-        return tokens
-    ends = [i + 1 for i, token in enumerate(tokens) if token == EOS]  # one <eos> per line
-    starts = [0, *ends[:-1]]
-    first, last = (round(fraction * len(ends)) for fraction in window)
-    if first >= last:
-        return []
-    return tokens[starts[first] : ends[last - 1]]
+        return lines
+    first, last = (round(fraction * len(lines)) for fraction in window)
+    return lines[first:last]
 
 
 def load_corpus(config: DataConfig, splits: tuple[str, ...] | None = None) -> Corpus:
-    """Read the splits and build the vocabulary from the training split only."""
+    """Read the splits, fit the tokenizer on the training lines, and build the vocabulary
+    from the training stream only."""
     wanted = splits or (config.train, config.valid, config.test)
-    tokens = {split: read_split(config, split) for split in dict.fromkeys((config.train, *wanted))}
-    if config.train_tokens:
+    lines = {split: read_lines(config, split) for split in dict.fromkeys((config.train, *wanted))}
+    tokenizer = build_tokenizer(config)
+    tokenizer.fit(lines[config.train])
+    tokens = {split: tokenizer.tokenize(split_lines) for split, split_lines in lines.items()}
+    words = {split: count_words(split_lines) for split, split_lines in lines.items()}
+    if config.train_tokens and config.train_tokens < len(tokens[config.train]):
         tokens[config.train] = tokens[config.train][: config.train_tokens]
-    return Corpus(Vocabulary.build(tokens[config.train]), tokens)
+        del words[config.train]
+    return Corpus(tokenizer.vocabulary(tokens[config.train]), tokens, words)
 
 
 def _fetch(remote: Remote) -> bytes:
@@ -315,6 +388,8 @@ def download(name: str, target: Path | None = None) -> Path:
     every checksum matched, so a failed download leaves nothing half-written.
     """
     spec = get_spec(name)
+    if name == TEXT:
+        raise DataError("dataset 'text' is your own files in data.dir: nothing to download")
     if not spec.files and spec.archive is None:
         raise DataError(f"dataset {name!r} is generated, not downloaded")
     target = Path(target) if target else cache_dir() / name

@@ -1,29 +1,30 @@
-"""Reading tokenized text and the Vocabulary."""
+"""Reading text, token streams and the Vocabulary."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, overload
 
 import torch
+
+if TYPE_CHECKING:
+    from targetlm.data.tokenizers import SymbolTokenizer, Tokenizer
 
 UNK = "<unk>"
 EOS = "<eos>"
 SPECIALS = (UNK, EOS)
+BOM = "\ufeff"  # a UTF-8 byte-order mark: not part of the first word
 
 
 class DataError(ValueError):
     """A corpus file is missing, empty or unreadable."""
 
 
-def read_tokens(path: str | Path, lowercase: bool = False) -> list[str]:
-    """Whitespace tokens of a one-sentence-per-line file, with one ``<eos>`` per line.
-
-    Empty lines count too (they yield a lone ``<eos>``), the convention of Zaremba et al.
-    and pytorch/examples: PTB train gives 929,589 tokens, WikiText-2 train 2,088,628.
-    """
+def read_text(path: str | Path) -> str:
+    """The text of a UTF-8 file, without a leading byte-order mark."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"corpus file not found: {path}")
@@ -35,15 +36,21 @@ def read_tokens(path: str | Path, lowercase: bool = False) -> list[str]:
         raise DataError(
             f"{path}, line {line}: undecodable bytes (not UTF-8): {raw[error.start : error.end]!r}"
         ) from None
-    return tokens_from_text(text, lowercase)
+    return text.removeprefix(BOM)
 
 
-def tokens_from_text(text: str, lowercase: bool = False) -> list[str]:
+def lines_from_text(text: str, lowercase: bool = False) -> list[str]:
+    """The lines of ``text`` (``\\n`` or ``\\r\\n`` ends one; the final one ends the last line)."""
     if lowercase:
         text = text.lower()
-    lines = text.split("\n")
+    lines = text.replace("\r\n", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line; it does not start a new one
+    return lines
+
+
+def tokens_from_lines(lines: Iterable[str]) -> list[str]:
+    """Whitespace tokens of each line followed by ``<eos>``: the word stream."""
     tokens: list[str] = []
     for line in lines:
         tokens.extend(line.split())
@@ -51,15 +58,79 @@ def tokens_from_text(text: str, lowercase: bool = False) -> list[str]:
     return tokens
 
 
+def count_words(lines: Sequence[str]) -> int:
+    """Words of ``lines`` as a word model counts its tokens: whitespace-separated words plus one
+    per line end (its ``<eos>``). The denominator of the per-word perplexity."""
+    return sum(len(line.split()) for line in lines) + len(lines)
+
+
+def read_tokens(path: str | Path, lowercase: bool = False) -> list[str]:
+    """Whitespace tokens of a one-sentence-per-line file, with one ``<eos>`` per line.
+
+    Empty lines count too (they yield a lone ``<eos>``), the convention of Zaremba et al.
+    and pytorch/examples: PTB train gives 929,589 tokens, WikiText-2 train 2,088,628.
+    """
+    return tokens_from_text(read_text(path), lowercase)
+
+
+def tokens_from_text(text: str, lowercase: bool = False) -> list[str]:
+    return tokens_from_lines(lines_from_text(text, lowercase))
+
+
+class EncodedTokens(Sequence[str]):
+    """A token stream held as the ids of a symbol tokenizer (bytes, BPE, unigram), read as
+    token strings on demand.
+
+    A vocabulary made of the tokenizer's symbols (the same ids) encodes it with no per-token
+    lookup: the ids come from the tokenizer (Rust-side for BPE / unigram) as they are.
+
+    Args:
+        ids: (N,) int64 ids of ``tokenizer.symbols``, one ``<eos>`` after every line.
+        tokenizer: the tokenizer that made them.
+    """
+
+    def __init__(self, ids: torch.Tensor, tokenizer: SymbolTokenizer) -> None:
+        self.ids = ids
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> EncodedTokens: ...
+
+    def __getitem__(self, index: int | slice) -> str | EncodedTokens:
+        if isinstance(index, slice):
+            return EncodedTokens(self.ids[index], self.tokenizer)
+        return self.tokenizer.symbols[int(self.ids[index])]
+
+    def __iter__(self) -> Iterator[str]:
+        symbols = self.tokenizer.symbols
+        return (symbols[i] for i in self.ids.tolist())
+
+    def __repr__(self) -> str:
+        return f"EncodedTokens({len(self)} tokens of {type(self.tokenizer).__name__})"
+
+
 class Vocabulary:
     """Word types of a training corpus with their counts.
 
     Ids: the specials first (``<unk>`` = 0, ``<eos>`` = 1), then words by descending
     count, ties broken alphabetically, so ids are deterministic and frequency-ranked
-    (what adaptive embeddings and frequency-bin analyses expect).
+    (what adaptive embeddings and frequency-bin analyses expect). A symbol tokenizer's
+    vocabulary (bytes, BPE, unigram) is its symbols in its own id order instead
+    (``targetlm.data.tokenizers``).
+
+    ``tokenizer``: what made the tokens, saved with the vocabulary (:meth:`save`); None for
+    a vocabulary built directly from words.
     """
 
-    def __init__(self, words: Sequence[str], counts: Sequence[int]) -> None:
+    def __init__(
+        self, words: Sequence[str], counts: Sequence[int], tokenizer: Tokenizer | None = None
+    ) -> None:
         if len(words) != len(counts):
             raise DataError("vocabulary: words and counts differ in length")
         if list(words[: len(SPECIALS)]) != list(SPECIALS):
@@ -71,27 +142,61 @@ class Vocabulary:
         self.stoi = {w: i for i, w in enumerate(self.itos)}
         if len(self.stoi) != len(self.itos):
             raise DataError("vocabulary: a word appears twice")
+        self.tokenizer = tokenizer
 
     @classmethod
-    def build(cls, tokens: Iterable[str], max_size: int | None = None) -> Vocabulary:
+    def build(
+        cls,
+        tokens: Iterable[str],
+        max_size: int | None = None,
+        min_count: int = 1,
+        tokenizer: Tokenizer | None = None,
+    ) -> Vocabulary:
+        """The vocabulary of a word stream: its words seen at least ``min_count`` times, at most
+        ``max_size`` entries with the specials; the occurrences of the words left out count
+        as ``<unk>``, which is what they become."""
         counter = Counter(tokens)
-        specials = [(s, counter.pop(s, 0)) for s in SPECIALS]
+        specials = {s: counter.pop(s, 0) for s in SPECIALS}
         ranked = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+        kept = [(w, c) for w, c in ranked if c >= min_count]
         if max_size is not None:
-            ranked = ranked[: max(0, max_size - len(SPECIALS))]
-        words, counts = zip(*(specials + ranked))
-        return cls(words, counts)
+            kept = kept[: max(0, max_size - len(SPECIALS))]
+        specials[UNK] += sum(counter.values()) - sum(c for _, c in kept)
+        words, counts = zip(*(list(specials.items()) + kept))
+        return cls(words, counts, tokenizer)
 
     def extend(self, tokens: Iterable[str]) -> Vocabulary:
         """This vocabulary, ids unchanged, followed by the words of ``tokens`` it lacks
         (by descending count, ties alphabetically): the vocabulary of a finetuning run.
 
         Counts add up: a word's count is its count in everything the model was trained on.
+        A symbol tokenizer's stream (:class:`EncodedTokens`) adds no symbols: it must be of
+        this vocabulary's tokenizer.
         """
+        if isinstance(tokens, EncodedTokens):
+            if not self.holds(tokens):
+                raise DataError(
+                    f"the new text was tokenized by another {type(tokens.tokenizer).__name__} "
+                    f"than the one of this vocabulary ({len(self)} symbols): finetuning reads "
+                    "the new text with the source run's tokenizer (set data.tokenizer_file to "
+                    "its tokenizer.json; `targetlm finetune` does)"
+                )
+            added = torch.bincount(tokens.ids, minlength=len(self)).tolist()
+            counts = [c + a for c, a in zip(self.counts, added)]
+            return Vocabulary(self.itos, counts, tokens.tokenizer)
         counter = Counter(tokens)
         counts = [count + counter.pop(word, 0) for word, count in zip(self.itos, self.counts)]
         added = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
-        return Vocabulary([*self.itos, *(w for w, _ in added)], [*counts, *(c for _, c in added)])
+        return Vocabulary(
+            [*self.itos, *(w for w, _ in added)],
+            [*counts, *(c for _, c in added)],
+            self.tokenizer,
+        )
+
+    def holds(self, tokens: EncodedTokens) -> bool:
+        """Whether ``tokens``' ids are ids of this vocabulary (its tokenizer's symbols come first)."""
+        symbols = tokens.tokenizer.symbols
+        return self.itos[: len(symbols)] == list(symbols)
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -111,7 +216,10 @@ class Vocabulary:
         return self.stoi[EOS]
 
     def encode(self, tokens: Sequence[str]) -> torch.Tensor:
-        """Token ids (int64); words outside the vocabulary map to ``<unk>``."""
+        """Token ids (int64); words outside the vocabulary map to ``<unk>``. A symbol
+        tokenizer's stream of this vocabulary is already ids: they are returned as they are."""
+        if isinstance(tokens, EncodedTokens) and self.holds(tokens):
+            return tokens.ids.clone()
         unk = self.unk_id
         return torch.tensor([self.stoi.get(t, unk) for t in tokens], dtype=torch.long)
 
@@ -122,6 +230,8 @@ class Vocabulary:
         """Fraction of tokens that are not vocabulary words (mapped to ``<unk>``)."""
         if not tokens:
             return 0.0
+        if isinstance(tokens, EncodedTokens) and self.holds(tokens):
+            return 0.0  # every symbol is a vocabulary entry
         return sum(t not in self.stoi for t in tokens) / len(tokens)
 
     def unigram_perplexity(self, tokens: Sequence[str]) -> float:
@@ -131,6 +241,10 @@ class Vocabulary:
         scored as ``<unk>``.
         """
         total = sum(self.counts) + len(self)
+        if isinstance(tokens, EncodedTokens) and self.holds(tokens):
+            counts = torch.tensor(self.counts, dtype=torch.float64)
+            log_probs_t = (counts + 1).log() - math.log(total)  # (V,)
+            return math.exp(-float(log_probs_t[tokens.ids].mean())) if len(tokens) else 1.0
         log_probs = [math.log(c + 1) - math.log(total) for c in self.counts]
         unk = self.unk_id
         nll = -sum(log_probs[self.stoi.get(t, unk)] for t in tokens)
@@ -154,7 +268,11 @@ class Vocabulary:
         return cls(words, counts)
 
     def save(self, path: str | Path) -> None:
+        """Write ``path`` (``vocab.txt``) and, beside it, the tokenizer's own file when it has
+        one (``tokenizer.json`` of BPE / unigram): a run directory holds both."""
         Path(path).write_text(self.to_lines(), encoding="utf-8")
+        if self.tokenizer is not None:
+            self.tokenizer.write(Path(path).parent)
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:

@@ -41,3 +41,18 @@ def evaluate_stream(
 def perplexity(nll: float) -> float:
     """exp(mean NLL); ``inf`` for a loss beyond float range (a diverged model) instead of an error."""
     return math.exp(nll) if nll < 709.0 else math.inf
+
+
+def per_word(result: dict, words: int) -> dict:
+    """``result`` (mean NLL ``nll`` per token over ``tokens``) with the per-word perplexity:
+    the same total NLL over the text's ``words`` (whitespace words + one per line end, as a
+    word model's ``<eos>``), so models with different tokenizers compare. Equal to ``ppl``
+    for a whitespace tokenizer, whose tokens are the words.
+
+        word_ppl = exp(nll · tokens / words)
+    """
+    return {
+        **result,
+        "word_ppl": perplexity(result["nll"] * result["tokens"] / words),
+        "words": words,
+    }

@@ -10,16 +10,22 @@ the new model is the old one with rows added at the end::
                 └─ rows 0..V−1 copied, rows V..V+n−1 freshly initialised   └─ copied
 
 Compositional layers (char-CNN, GroC) have no such tensor: they embed the new words with
-the weights they already have.
+the weights they already have. A symbol tokenizer (bytes, BPE, unigram) has a fixed
+inventory: the new text is read with the source run's tokenizer and adds no rows.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from targetlm import runs  # a module reference: runs imports targetlm.training too
+from targetlm.data.tokenizers import TOKENIZERS
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel
+from targetlm.registry import ConfigError
 from targetlm.training.checkpoint import CheckpointError
 
 
@@ -28,6 +34,22 @@ def source_of(run_dir: str) -> tuple[dict[str, torch.Tensor], Vocabulary, str]:
     checkpoint's path for messages."""
     checkpoint, vocab, path = runs.read_best(run_dir)
     return checkpoint["model"], vocab, str(path)
+
+
+def reuse_tokenizer(source: dict[str, Any], config: dict[str, Any], source_dir: Path) -> None:
+    """Make a finetuning config (TOML-shaped, changed in place) read its text with the source
+    run's tokenizer: the same ``data.tokenizer`` and, for BPE / unigram, the source run's
+    ``tokenizer.json`` as ``data.tokenizer_file``."""
+    kind = source.get("data", {}).get("tokenizer", "whitespace")
+    data = config.setdefault("data", {})
+    if data.get("tokenizer", kind) != kind:
+        raise ConfigError(
+            f"data.tokenizer: finetuning reads the new text with the source run's tokenizer "
+            f"({kind!r}), not {data['tokenizer']!r}"
+        )
+    file = TOKENIZERS.get(kind).file
+    if file is not None:
+        data["tokenizer_file"] = str(Path(source_dir) / file)
 
 
 @torch.no_grad()

@@ -1,0 +1,433 @@
+"""Tokenizers: how lines of text become the token stream a model reads.
+
+Every tokenizer reads a split as lines and ends each line with ``<eos>`` (an empty line is
+a lone ``<eos>``), so sentence ends are predicted alike whatever the symbols are::
+
+    line "A dog runs."
+    whitespace   A  dog  runs.  <eos>             words: a word vocabulary, the rest is <unk>
+    bpe          ĠA  Ġdog  Ġruns  .  <eos>        byte-level BPE learnt on the training split
+    unigram      ĠA  Ġdog  Ġrun  s  .  <eos>      byte-level unigram LM (SentencePiece's algorithm)
+    bytes        A  <0x20>  d  o  g  ...  <eos>   UTF-8 bytes
+
+``bpe`` and ``unigram`` are trained with the Hugging Face ``tokenizers`` library
+(``pip install -e '.[text]'``) on the training split: ``data.vocab_size`` symbols that
+include ``<unk>`` (id 0), ``<eos>`` (id 1) and the 256 byte symbols, so no text is out of
+vocabulary. Their pre-tokenizer is GPT-2's byte-level one (words, numbers and punctuation
+apart; a space is kept with the word after it, as ``Ġ``). Every line is read with one
+leading space, so a word is the same symbol at the start of a line as inside it, and
+decoding gives the text back exactly. They are saved in the run directory as
+``tokenizer.json`` (a plain Hugging Face tokenizer file), which eval, generate and
+finetune read.
+
+Symbol tokenizers (bytes, bpe, unigram) have a fixed inventory: their vocabulary is their
+symbols in their own id order, with the training split's counts, and their streams are
+ids (:class:`~targetlm.data.vocab.EncodedTokens`) encoded in batches, with no per-token
+Python on the way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from targetlm.data.vocab import (
+    EOS,
+    SPECIALS,
+    UNK,
+    DataError,
+    EncodedTokens,
+    Vocabulary,
+    tokens_from_lines,
+)
+from targetlm.registry import ConfigError, Registry
+
+if TYPE_CHECKING:
+    from targetlm.config import DataConfig
+
+UNK_ID, EOS_ID = SPECIALS.index(UNK), SPECIALS.index(EOS)
+NUM_BYTES = 256
+TOKENIZER_FILE = "tokenizer.json"
+CHUNK_LINES = 65536  # lines per encode_batch call: bounds the memory of the encodings
+ADDED_CHAR_STEP = 1e-4  # the unigram trainer's score step between characters it adds at the end
+
+
+class Tokenizer(ABC):
+    """Lines of text -> a token stream with one ``<eos>`` after every line, and back."""
+
+    name: ClassVar[str]
+    file: ClassVar[str | None] = None  # what write() puts into a run directory
+
+    def fit(self, lines: Sequence[str]) -> None:  # noqa: B027 (nothing to learn by default)
+        """Learn from the training split's lines."""
+
+    @abstractmethod
+    def tokenize(self, lines: Sequence[str]) -> Sequence[str]:
+        """The stream of ``lines``: each line's tokens, then ``<eos>``."""
+
+    @abstractmethod
+    def vocabulary(self, tokens: Sequence[str]) -> Vocabulary:
+        """The vocabulary of the training stream ``tokens``, with its counts."""
+
+    @abstractmethod
+    def decode(self, tokens: Sequence[str]) -> str:
+        """The text of a stream; each ``<eos>`` ends a line (``"\\n"``)."""
+
+    def write(self, directory: Path) -> None:  # noqa: B027 (nothing to save by default)
+        """Save what :meth:`read` needs into ``directory`` (a run directory)."""
+
+    def read(self, path: Path) -> None:
+        """Load the file :meth:`write` wrote."""
+        raise DataError(f"the {self.name} tokenizer has no file to read ({path})")
+
+    def check(self, vocab: Vocabulary, where: str) -> None:  # noqa: B027 (any words fit)
+        """Raise :class:`DataError` unless ``vocab`` can be this tokenizer's vocabulary."""
+
+
+TOKENIZERS: Registry[Tokenizer] = Registry("tokenizer")
+
+
+@TOKENIZERS.register("whitespace")
+class WhitespaceTokenizer(Tokenizer):
+    """Words split at whitespace. The vocabulary keeps the training split's words seen at
+    least ``min_count`` times, at most ``max_size`` entries with ``<unk>`` and ``<eos>``
+    (None: all); other words are ``<unk>``."""
+
+    name = "whitespace"
+
+    def __init__(self, max_size: int | None = None, min_count: int = 1) -> None:
+        if max_size is not None and max_size <= len(SPECIALS):
+            raise ValueError(
+                f"max_size must be > {len(SPECIALS)} (it counts <unk> and <eos>), got {max_size}"
+            )
+        if min_count < 1:
+            raise ValueError(f"min_count must be >= 1, got {min_count}")
+        self.max_size, self.min_count = max_size, min_count
+
+    def tokenize(self, lines: Sequence[str]) -> list[str]:
+        return tokens_from_lines(lines)
+
+    def vocabulary(self, tokens: Sequence[str]) -> Vocabulary:
+        return Vocabulary.build(tokens, self.max_size, self.min_count, tokenizer=self)
+
+    def decode(self, tokens: Sequence[str]) -> str:
+        text, line = [], []
+        for token in tokens:
+            if token == EOS:
+                text.append(" ".join(line) + "\n")
+                line = []
+            else:
+                line.append(token)
+        return "".join(text) + " ".join(line)
+
+
+class SymbolTokenizer(Tokenizer):
+    """A tokenizer with a fixed inventory of symbols whose ids are the vocabulary's ids."""
+
+    @property
+    @abstractmethod
+    def symbols(self) -> list[str]:
+        """The symbols in id order, ``<unk>`` and ``<eos>`` first."""
+
+    @abstractmethod
+    def tokenize(self, lines: Sequence[str]) -> EncodedTokens: ...
+
+    @abstractmethod
+    def decode_ids(self, ids: torch.Tensor) -> str:
+        """The text of a stream of ids (N,)."""
+
+    def vocabulary(self, tokens: Sequence[str]) -> Vocabulary:
+        counts = torch.bincount(self._ids(tokens), minlength=len(self.symbols))
+        return Vocabulary(self.symbols, counts.tolist(), tokenizer=self)
+
+    def decode(self, tokens: Sequence[str]) -> str:
+        return self.decode_ids(self._ids(tokens))
+
+    def check(self, vocab: Vocabulary, where: str) -> None:
+        if vocab.itos != self.symbols:
+            raise DataError(
+                f"{where}: the {self.name} tokenizer's {len(self.symbols):,} symbols do not match "
+                f"the run's vocabulary ({len(vocab):,} entries, vocab.txt): they belong to "
+                "different runs"
+            )
+
+    def _ids(self, tokens: Sequence[str]) -> torch.Tensor:
+        if isinstance(tokens, EncodedTokens) and tokens.tokenizer.symbols == self.symbols:
+            return tokens.ids
+        index = {symbol: i for i, symbol in enumerate(self.symbols)}
+        return torch.tensor([index.get(t, UNK_ID) for t in tokens], dtype=torch.long)
+
+
+def _end_lines(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The ids of all lines (sum of ``lengths``,) with ``<eos>`` after each line."""
+    ends = torch.cumsum(lengths + 1, 0) - 1  # where each line's <eos> goes
+    stream = torch.full((ids.numel() + lengths.numel(),), EOS_ID, dtype=torch.long)
+    keep = torch.ones_like(stream, dtype=torch.bool)
+    keep[ends] = False
+    stream[keep] = ids
+    return stream
+
+
+def _lines_of(ids: torch.Tensor) -> Iterator[tuple[list[int], bool]]:
+    """Each line's ids of a stream (N,), and whether an ``<eos>`` ended it (the last may not)."""
+    start = 0
+    for end in (ids == EOS_ID).nonzero().flatten().tolist():
+        yield ids[start:end].tolist(), True
+        start = end + 1
+    if start < ids.numel():
+        yield ids[start:].tolist(), False
+
+
+BYTE_SYMBOLS = [
+    *SPECIALS,
+    *(chr(b) if 0x21 <= b <= 0x7E else f"<0x{b:02X}>" for b in range(NUM_BYTES)),
+]
+
+
+@TOKENIZERS.register("bytes")
+class ByteTokenizer(SymbolTokenizer):
+    """UTF-8 bytes: byte b is id b + 2, after ``<unk>`` and ``<eos>``; printable ASCII reads
+    as itself, other bytes as ``<0xNN>``. Nothing to learn and nothing out of vocabulary."""
+
+    name = "bytes"
+
+    @property
+    def symbols(self) -> list[str]:
+        return BYTE_SYMBOLS
+
+    def tokenize(self, lines: Sequence[str]) -> EncodedTokens:
+        data = bytearray("".join(line + "\n" for line in lines).encode("utf-8"))
+        if not data:
+            return EncodedTokens(torch.empty(0, dtype=torch.long), self)
+        ids = torch.frombuffer(data, dtype=torch.uint8).long() + len(SPECIALS)  # (N,)
+        ids[ids == ord("\n") + len(SPECIALS)] = EOS_ID  # a line's end is its <eos>
+        return EncodedTokens(ids, self)
+
+    def decode_ids(self, ids: torch.Tensor) -> str:
+        ids = ids[ids != UNK_ID]
+        data = torch.where(ids == EOS_ID, ord("\n"), ids - len(SPECIALS))
+        return bytes(data.to(torch.uint8).tolist()).decode("utf-8", errors="replace")
+
+
+def _spaced(line: str) -> str:
+    """A line as a subword tokenizer reads it: with one leading space (the line's first word is
+    the symbol it is inside a line); an empty line stays empty (a lone ``<eos>``)."""
+    return " " + line if line else line
+
+
+def _require_library(name: str) -> Any:
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConfigError(
+            f"the {name} tokenizer needs the Hugging Face `tokenizers` library: "
+            "pip install -e '.[text]' (or pip install tokenizers)"
+        ) from None
+    return tokenizers
+
+
+class SubwordTokenizer(SymbolTokenizer):
+    """Byte-level subwords learnt on the training split with Hugging Face ``tokenizers``.
+
+    Args:
+        vocab_size: symbols including ``<unk>``, ``<eos>`` and the 256 byte symbols
+            (training may stop short of it on a small text).
+        tokenizer_file: a saved ``tokenizer.json`` to use instead of training one.
+    """
+
+    file = TOKENIZER_FILE
+    model_type: ClassVar[str]  # the Hugging Face model class: "BPE" | "Unigram"
+
+    def __init__(self, vocab_size: int = 8000, tokenizer_file: str | None = None) -> None:
+        self._library = _require_library(self.name)
+        minimum = len(SPECIALS) + NUM_BYTES
+        if vocab_size <= minimum:
+            raise ValueError(
+                f"vocab_size must be > {minimum} (<unk>, <eos> and the 256 byte symbols), "
+                f"got {vocab_size}"
+            )
+        self.vocab_size, self.tokenizer_file = vocab_size, tokenizer_file
+        self._tokenizer: Any = None
+        self._symbols: list[str] = []
+
+    @abstractmethod
+    def _untrained(self) -> tuple[Any, Any]:
+        """A Hugging Face tokenizer with its model, and the trainer of that model."""
+
+    def _canonical(self, tokenizer: Any) -> Any:
+        """The trained tokenizer in a form that does not depend on the run (default: as is)."""
+        return tokenizer
+
+    @property
+    def symbols(self) -> list[str]:
+        self._trained()
+        return self._symbols
+
+    def _trained(self) -> Any:
+        if self._tokenizer is None:
+            raise DataError(f"the {self.name} tokenizer is not trained or read yet")
+        return self._tokenizer
+
+    def fit(self, lines: Sequence[str]) -> None:
+        if self.tokenizer_file:
+            self.read(Path(self.tokenizer_file))
+            return
+        tokenizer, trainer = self._untrained()
+        byte_level = self._library.pre_tokenizers.ByteLevel
+        tokenizer.pre_tokenizer = byte_level(add_prefix_space=True, use_regex=True)
+        tokenizer.decoder = self._library.decoders.ByteLevel()
+        tokenizer.train_from_iterator(map(_spaced, lines), trainer, length=len(lines))
+        self._use(self._canonical(tokenizer), "the trained tokenizer")
+
+    def tokenize(self, lines: Sequence[str]) -> EncodedTokens:
+        tokenizer = self._trained()
+        pieces, lengths = [], []
+        for start in range(0, len(lines), CHUNK_LINES):
+            encodings = tokenizer.encode_batch_fast(
+                [_spaced(line) for line in lines[start : start + CHUNK_LINES]],
+                add_special_tokens=False,
+            )
+            lengths.extend(len(encoding) for encoding in encodings)
+            ids = itertools.chain.from_iterable(encoding.ids for encoding in encodings)
+            pieces.append(np.fromiter(ids, dtype=np.int64))
+        flat = torch.from_numpy(np.concatenate(pieces)) if pieces else torch.empty(0).long()
+        return EncodedTokens(_end_lines(flat, torch.tensor(lengths, dtype=torch.long)), self)
+
+    def decode_ids(self, ids: torch.Tensor) -> str:
+        lines = list(_lines_of(ids))
+        texts = self._trained().decode_batch([i for i, _ in lines], skip_special_tokens=False)
+        # each line was read with one leading space
+        return "".join(
+            t.removeprefix(" ") + ("\n" if ended else "") for t, (_, ended) in zip(texts, lines)
+        )
+
+    def write(self, directory: Path) -> None:
+        self._trained().save(str(Path(directory) / TOKENIZER_FILE))
+
+    def read(self, path: Path) -> None:
+        if not path.is_file():
+            raise DataError(f"tokenizer file not found: {path}")
+        try:
+            tokenizer = self._library.Tokenizer.from_file(str(path))
+        except Exception as error:  # the library raises a bare Exception
+            reason = (str(error).splitlines() or ["unreadable"])[0]
+            raise DataError(f"{path}: not a tokenizer file ({reason})") from None
+        kind = type(tokenizer.model).__name__
+        if kind != self.model_type:
+            raise DataError(
+                f"{path}: a {kind} tokenizer, not {self.model_type} (data.tokenizer = {self.name!r})"
+            )
+        self._use(tokenizer, str(path))
+
+    def _use(self, tokenizer: Any, where: str) -> None:
+        symbols = [tokenizer.id_to_token(i) for i in range(tokenizer.get_vocab_size())]
+        if symbols[: len(SPECIALS)] != list(SPECIALS) or None in symbols:
+            raise DataError(
+                f"{where}: ids 0 and 1 must be {UNK} and {EOS}, and ids contiguous "
+                f"(got {symbols[: len(SPECIALS)]})"
+            )
+        self._tokenizer, self._symbols = tokenizer, symbols
+
+
+@TOKENIZERS.register("bpe")
+class BpeTokenizer(SubwordTokenizer):
+    """Byte-level BPE (Sennrich et al. 2016; GPT-2's byte-level alphabet)."""
+
+    name = "bpe"
+    model_type = "BPE"
+
+    def _untrained(self) -> tuple[Any, Any]:
+        lib = self._library
+        trainer = lib.trainers.BpeTrainer(
+            vocab_size=self.vocab_size,
+            special_tokens=list(SPECIALS),
+            initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        return lib.Tokenizer(lib.models.BPE(unk_token=UNK)), trainer
+
+
+@TOKENIZERS.register("unigram")
+class UnigramTokenizer(SubwordTokenizer):
+    """Byte-level unigram language model (Kudo 2018, SentencePiece's algorithm)."""
+
+    name = "unigram"
+    model_type = "Unigram"
+
+    def _untrained(self) -> tuple[Any, Any]:
+        lib = self._library
+        trainer = lib.trainers.UnigramTrainer(
+            vocab_size=self.vocab_size,
+            special_tokens=list(SPECIALS),
+            unk_token=UNK,
+            initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        return lib.Tokenizer(lib.models.Unigram()), trainer
+
+    def _canonical(self, tokenizer: Any) -> Any:
+        """The pieces in an order that does not depend on the process: by score (rounded to
+        1e-9), ties by name. Two things vary from one process to the next otherwise: the
+        last bits of the trainer's parallel sums, and which of the characters it adds after
+        training (bytes never seen, with scores 1e-4 apart below the lowest) gets which
+        score; they get those scores in alphabetical order here. A resumed run must rebuild
+        the same vocabulary."""
+        state = json.loads(tokenizer.to_str())
+        specials, pieces = state["model"]["vocab"][:2], state["model"]["vocab"][2:]
+        chars = sorted((piece for piece in pieces if len(piece[0]) == 1), key=lambda p: -p[1])
+        start = len(chars) - 1  # the lowest character was added; walk up its 1e-4 steps
+        while start > 0 and abs(chars[start - 1][1] - chars[start][1] - ADDED_CHAR_STEP) < 1e-7:
+            start -= 1
+        added = chars[start:]
+        scores = dict(zip(sorted(c for c, _ in added), (score for _, score in added)))
+        pieces = [[p, scores.get(p, s)] for p, s in pieces]
+        pieces = sorted(([p, round(s, 9)] for p, s in pieces), key=lambda ps: (-ps[1], ps[0]))
+        state["model"]["vocab"], state["model"]["unk_id"] = specials + pieces, UNK_ID
+        return self._library.Tokenizer.from_str(json.dumps(state))
+
+
+TOKENIZER_KEYS = ("max_size", "min_count", "vocab_size", "tokenizer_file")  # data.* options
+
+
+def build_tokenizer(config: DataConfig) -> Tokenizer:
+    """The (untrained) tokenizer ``data.tokenizer`` with the ``data.*`` options that are set;
+    an option of another tokenizer is an error."""
+    if config.tokenizer not in TOKENIZERS.names():
+        raise ConfigError(
+            f"data.tokenizer: unknown tokenizer {config.tokenizer!r}; "
+            f"available: {', '.join(TOKENIZERS.names())}"
+        )
+    allowed = TOKENIZERS.options(config.tokenizer)
+    options = {k: getattr(config, k) for k in TOKENIZER_KEYS if getattr(config, k) is not None}
+    for key in options:
+        if key not in allowed:
+            keys = ", ".join(f"data.{k}" for k in allowed) or "none"
+            raise ConfigError(
+                f"data.{key} does not apply to data.tokenizer = {config.tokenizer!r} "
+                f"(its options: {keys})"
+            )
+    return TOKENIZERS.build(config.tokenizer, options, "data")
+
+
+def load_tokenizer(config: DataConfig, directory: Path, vocab: Vocabulary) -> Tokenizer:
+    """The tokenizer of a run directory: ``data.tokenizer``, its file read from ``directory``,
+    checked against the run's vocabulary."""
+    tokenizer = build_tokenizer(config)
+    where = str(directory)
+    if tokenizer.file is not None:
+        path = Path(directory) / tokenizer.file
+        if not path.is_file():
+            raise DataError(
+                f"{path} is missing: the run was trained with data.tokenizer = "
+                f"{config.tokenizer!r}, which reads it"
+            )
+        tokenizer.read(path)
+        where = str(path)
+    tokenizer.check(vocab, where)
+    return tokenizer
