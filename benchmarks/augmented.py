@@ -31,14 +31,14 @@ VOCAB, BATCH, BPTT = 10_000, 20, 35
 def make_step(config: config_lib.Config, objective_kind: str, options: dict):
     torch.manual_seed(0)
     model = build_model(config.model, VOCAB).train()
-    objective = OBJECTIVES.build(objective_kind, options)
+    objective = OBJECTIVES.build(objective_kind, options, embedding=model.embedding)
     optimizer = build_optimizer(config.train, model.parameters())
     data = zipf_ids(VOCAB, (BATCH, BPTT + 1))  # AL's cost depends on the distinct targets
     state = None
 
     def step() -> None:
         nonlocal state
-        predicted, state = model(data[:, :-1], detach_state(state))
+        predicted, _, state = model(data[:, :-1], detach_state(state))
         weight, bias = model.output()
         loss = objective(predicted, data[:, 1:], weight, bias).loss
         optimizer.zero_grad(set_to_none=True)

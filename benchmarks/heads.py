@@ -40,16 +40,17 @@ def make_step(config: config_lib.Config, kind: str, n: int, lookahead_data: torc
     model = build_model(dataclasses.replace(config.model, heads=heads), VOCAB).train()
     objective = build_objective(config.objective, model)
     optimizer = build_optimizer(config.train, model.parameters())
-    lookahead = getattr(objective, "lookahead", 0)
+    lookahead = objective.lookahead
     inputs = lookahead_data[:, :BPTT]
     targets = lookahead_data[:, 1 : BPTT + 1 + lookahead]  # the segment's targets + N − 1 more
     state = None
 
     def step() -> None:
         nonlocal state
-        predicted, state = model(inputs, detach_state(state))
+        prediction = model(inputs, detach_state(state))
+        state = prediction.state
         weight, bias = model.output()
-        loss = objective(predicted, targets, weight, bias).loss
+        loss = objective(prediction, targets, weight, bias).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         clip_gradients(model.parameters(), config.train.clip)

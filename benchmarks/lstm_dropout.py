@@ -97,9 +97,10 @@ def model_step(p: float, data: torch.Tensor) -> Callable[[], None]:
 
     def step() -> None:
         nonlocal state
-        predicted, state = model(inputs, detach_state(state))
+        prediction = model(inputs, detach_state(state))
+        state = prediction.state
         weight, bias = model.output()
-        loss = objective(predicted, targets, weight, bias).loss
+        loss = objective(prediction, targets, weight, bias).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         clip_gradients(model.parameters(), config.train.clip)

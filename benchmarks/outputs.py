@@ -2,7 +2,7 @@
 
 Each variant is the model of ``configs/outputs-ptb-<name>.toml`` (the Zaremba-small prefix:
 200-dim lookup input, 2x200 LSTM, batch 20, BPTT 35; only ``[model.output]`` differs), plus
-GroC with sparse output updates (``update_prob`` 0.3). A step is what ``Trainer._train_step``
+GroC with sparse output updates (``update_prob`` 0.3). A step is what ``Trainer.train_step``
 does: forward with the carried, detached state, ``model.output()``, cross entropy, zero_grad,
 backward, gradient clipping, a step of the preset's optimiser. ``--device cuda`` times on a GPU
 (synchronised: the loss is read every step, as the trainer does). The variants are timed in alternating rounds (ABBA
@@ -117,7 +117,7 @@ class Variant:
     def step(self) -> None:
         inputs, targets = self.batches[self.index % len(self.batches)]
         self.index += 1
-        predicted, state = self.model(inputs, detach_state(self.state))
+        predicted, _, state = self.model(inputs, detach_state(self.state))
         weight, bias = self.model.output()
         out = self.objective(predicted, targets, weight, bias)
         out.loss.item()  # the trainer reads the loss every step (divergence check)

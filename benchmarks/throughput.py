@@ -4,8 +4,8 @@ For each configuration the targetlm model (built by ``targetlm.modules.build_mod
 reference model written here with stock ``torch.nn`` layers are timed in alternating rounds,
 so that machine noise hits both sides alike; each side's tokens/s is the median over rounds.
 
-* targetlm training runs ``Trainer._train_step`` itself (forward with the carried, detached
-  state, ``model.output()``, ``CrossEntropyObjective``, zero_grad, backward,
+* targetlm training runs ``Trainer.train_step`` itself (forward with the carried, detached
+  state, ``model.output()``, the built objective (``NgramLoss`` around ``CrossEntropyObjective``), zero_grad, backward,
   ``clip_grad_norm_``, SGD step) and evaluation runs ``evaluate_stream`` itself
   (forward + loss under ``no_grad``, state carried across segments).
 * the reference does the same math the way a PyTorch user would write it: ``nn.Embedding``,
@@ -45,10 +45,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from targetlm.config import ComponentConfig, Config, DataConfig, ModelConfig, TrainConfig, validate
-from targetlm.data import StreamBatches
 from targetlm.inference.evaluate import evaluate_stream
 from targetlm.modules import build_model
-from targetlm.objectives import CrossEntropyObjective
+from targetlm.objectives import build_objective
+from targetlm.tasks import TASKS
 from targetlm.training.optim import build_optimizer
 from targetlm.training.trainer import Trainer
 
@@ -119,7 +119,7 @@ class Spec:
         )
 
     def config(self) -> Config:
-        """The full targetlm config ``Trainer._train_step`` reads (SGD, constant lr, mean loss)."""
+        """The full targetlm config ``Trainer.train_step`` reads (SGD, constant lr, mean loss)."""
         return Config(
             data=DataConfig(batch_size=self.batch, bptt=self.segment),
             model=self.model_config(),
@@ -275,7 +275,7 @@ class Side:
 
 
 class TargetlmSide(Side):
-    """targetlm's own code: ``Trainer._train_step`` and ``evaluate_stream``, on random streams."""
+    """targetlm's own code: ``Trainer.train_step`` and ``evaluate_stream``, on random streams."""
 
     def __init__(self, spec: Spec, workdir: Path) -> None:
         super().__init__(spec)
@@ -283,26 +283,27 @@ class TargetlmSide(Side):
         validate(config)
         # The constructor only checks the (non-existent) run directory; nothing is written.
         self.trainer = trainer = Trainer(config, workdir / "unused-run", log=lambda _: None)
-        # What Trainer._setup sets, minus the corpus: the attributes _train_step reads.
+        # What Trainer._setup sets, minus the corpus: the attributes train_step reads.
         torch.manual_seed(SEED)
         trainer.device = torch.device("cpu")
         trainer.model = build_model(config.model, VOCAB)
-        trainer.objective = CrossEntropyObjective()
+        trainer.objective = build_objective(config.objective, trainer.model)
         trainer.optimizer = build_optimizer(
             config.train, list(trainer.model.parameters()) + list(trainer.objective.parameters())
         )
+        trainer.task = TASKS.build(config.task.kind, config.task.options, "task")
         trainer.epoch, trainer.step, trainer.state = 1, 0, None
         # the batches Trainer._setup would make from a training split
         stream = random_stream(spec, TRAIN_SEGMENTS, SEED)
-        self.batches = StreamBatches(stream, spec.batch, spec.segment, pad=False)
+        self.batches = trainer.task.batches(stream, spec.batch, spec.segment, train=True)
 
     def train(self, steps: int) -> int:
         trainer = self.trainer
         trainer.model.train()
         tokens = 0
         for _ in range(steps):  # Trainer._loop, without logging, validation and checkpoints
-            inputs, targets = self.batches[trainer.step % len(self.batches)]  # (B, T) each
-            _, count = trainer._train_step(inputs, targets, trainer.config.train.lr)
+            batch = self.batches[trainer.step % len(self.batches)]  # (B, T) each
+            _, count = trainer.train_step(batch, trainer.config.train.lr)
             trainer.step += 1
             tokens += count
         return tokens

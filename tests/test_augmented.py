@@ -271,6 +271,7 @@ def test_target_from_the_input_embedding():
 def test_default_target_is_built_from_the_input_embedding():
     """Inan et al. eq. 3.6: ỹ from L by default, so an untied model's soft target ignores W."""
     from targetlm.modules import build_model
+    from targetlm.modules.model import Prediction
     from targetlm.objectives import build_objective
 
     config = tiny_config(**{"model.output.kind": '"lookup"', "objective.kind": '"augmented"'})
@@ -282,4 +283,6 @@ def test_default_target_is_built_from_the_input_embedding():
     logits = F.linear(predicted.reshape(-1, 16), weight, bias)
     from_input = functional.augmented_kl(logits, targets.reshape(-1), model.embedding.table(), 20.0)
     expected = F.cross_entropy(logits, targets.reshape(-1)) + 10.0 * from_input.mean()
-    torch.testing.assert_close(objective(predicted, targets, weight, bias).loss, expected)
+    # the training objective reads the model's Prediction (no heads here: the AL itself)
+    prediction = Prediction(predicted, None, None)
+    torch.testing.assert_close(objective(prediction, targets, weight, bias).loss, expected)

@@ -19,6 +19,7 @@ from targetlm.data import StreamBatches
 from targetlm.inference import evaluate_ensemble, evaluate_stream
 from targetlm.inference.ensemble import ensemble_predictions
 from targetlm.modules import build_model
+from targetlm.modules.model import Prediction
 from targetlm.objectives import CrossEntropyObjective, NgramLoss, build_objective
 from targetlm.registry import ConfigError
 from targetlm.training import Trainer
@@ -132,6 +133,45 @@ def test_heads_config_errors():
         tiny_config(**{"model.heads": '{kind = "wrd"}'})
 
 
+def test_alpha_is_the_objectives_and_the_old_heads_key_moves_there(tmp_path, capsys):
+    """α is ``objective.ngram_alpha``; a config (or a run directory's) with the pre-issue-11
+    ``model.heads.alpha`` loads with a DeprecationWarning and the key moved."""
+    config = tiny_config(
+        **{
+            "model.heads": '{kind = "simple", n = 3}',
+            "objective": '{kind = "cross_entropy", ngram_alpha = 0.4}',
+        }
+    )
+    objective = build_objective(config.objective, build_model(config.model, V))
+    assert objective.alpha == 0.4 and objective.objective.label_smoothing == 0.0
+    with pytest.raises(ConfigError, match="objective.ngram_alpha.*no heads"):
+        tiny_config(objective='{kind = "cross_entropy", ngram_alpha = 0.5}')
+    with pytest.raises(ConfigError, match="ngram_alpha: must be >= 0"):
+        tiny_config(
+            **{"model.heads": '{kind = "wdr", n = 2}'},
+            objective='{kind = "cross_entropy", ngram_alpha = -1}',
+        )
+    with pytest.raises(ConfigError, match="model.heads.alpha"):  # not a heads option any more
+        build_model(
+            dataclasses.replace(config.model, heads=ComponentConfig("simple", {"alpha": 0.6})), V
+        )
+    old = tiny_config(**{"train.epochs": 1, "train.max_steps": 2}).to_dict()
+    old["model"]["heads"] = {"kind": "wdr", "n": 2, "alpha": 0.6}
+    with pytest.warns(DeprecationWarning, match="objective.ngram_alpha"):
+        moved = config_lib.from_dict(old)
+    assert moved.model.heads.options == {"n": 2}
+    assert moved.objective.options == {"ngram_alpha": 0.6}
+    # an old run directory: its checkpoints and config.toml carry the old key
+    Trainer(moved, tmp_path / "run", log=lambda m: None).train()
+    for path in (tmp_path / "run").glob("*.pt"):
+        checkpoint = torch.load(path, weights_only=True)
+        checkpoint["config"] = old
+        torch.save(checkpoint, path)
+    with pytest.warns(DeprecationWarning):
+        assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
+    assert math.isfinite(json.loads(capsys.readouterr().out)["ppl"])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_n1_equals_plain_training(output_kind, kind):
     tokens, targets = torch.randint(V, (2, 7)), torch.randint(V, (2, 7))
@@ -141,8 +181,7 @@ def test_n1_equals_plain_training(output_kind, kind):
         objective = build_objective(
             ComponentConfig("cross_entropy", {"label_smoothing": 0.1}), model
         )
-        predicted, _ = model(tokens)
-        out = objective(predicted, targets, *model.output())
+        out = objective(model(tokens), targets, *model.output())
         out.loss.backward()
         losses.append((out.loss, out.nll_sum, out.count))
         grads.append([p.grad for p in model.parameters()])
@@ -151,27 +190,29 @@ def test_n1_equals_plain_training(output_kind, kind):
 
 
 def test_loss_is_the_weighted_sum_of_head_losses_and_nll_is_the_main_heads():
-    model = _model(heads="simple", n=3, alpha=0.6)
-    objective = build_objective(ComponentConfig("cross_entropy"), model)
-    predicted, _ = model(torch.randint(V, (2, 6)))
+    model = _model(heads="simple", n=3)
+    objective = build_objective(ComponentConfig("cross_entropy", {"ngram_alpha": 0.6}), model)
+    prediction = model(torch.randint(V, (2, 6)))
+    predicted = prediction.main
     targets = torch.randint(V, (2, 8))  # T + N − 1 columns
     weight, bias = model.output()
-    records = objective.head_losses(predicted, targets, weight, bias)
+    records = objective.head_losses(prediction, targets, weight, bias)
     plain = CrossEntropyObjective()(predicted, targets[:, :6], weight, bias)
     assert records[0].nll_sum == plain.nll_sum and records[0].count == 12
     assert [r.count for r in records] == [12, 12, 12]
     expected = 0.5 * records[0].loss + 0.6 / 4 * (records[1].loss + records[2].loss)
-    out = objective(predicted, targets, weight, bias)
+    out = objective(prediction, targets, weight, bias)
     torch.testing.assert_close(out.loss, expected)
     assert out.nll_sum == plain.nll_sum and out.count == 12
     # head 2 at t predicts y_{t+2}: MLP²(h_t) against targets[:, t + 2]
-    second = model.heads(predicted)[1]
+    second = prediction.heads[1]  # the model ran the heads: MLP²(h)
+    torch.testing.assert_close(second, model.heads.mlps[1](predicted))
     torch.testing.assert_close(
         records[2].loss,
         F.cross_entropy(F.linear(second, weight, bias).flatten(0, 1), targets[:, 2:].flatten()),
     )
     # without lookahead the last n positions of head n are not scored
-    short = objective.head_losses(predicted, targets[:, :6], weight, bias)
+    short = objective.head_losses(prediction, targets[:, :6], weight, bias)
     assert [r.count for r in short] == [12, 10, 8]
 
 
@@ -185,9 +226,10 @@ def test_wdr_conjugate_adds_no_gradient_to_the_output_embeddings(output_kind):
     if not weight.requires_grad:  # pragma: no cover  (every layer learns E_out)
         pytest.skip("E_out has no gradient")
     n = 3
-    record = objective.head_losses(predicted, targets, weight, bias)[n]
-    (got,) = torch.autograd.grad(record.loss, weight, retain_graph=True)
     outputs = model.heads(predicted)
+    prediction = Prediction(predicted, outputs, None)
+    record = objective.head_losses(prediction, targets, weight, bias)[n]
+    (got,) = torch.autograd.grad(record.loss, weight, retain_graph=True)
     # x̂_{t+n} as a constant: only the logit matmul x̂ · E_outᵀ depends on E_out
     embeddings = weight.detach()[targets]
     conjugate = functional.wdr_conjugate(embeddings, n)[:, :6]
@@ -219,8 +261,9 @@ def test_split_stream_training_loss_equals_one_long_segment(encoder_kind, kind):
         batches = StreamBatches(ids, 2, segment, pad=False, lookahead=objective.lookahead)
         totals, counts, state = [0.0] * 3, [0] * 3, None
         for inputs, targets in batches:
-            predicted, state = model(inputs, state)
-            for n, record in enumerate(objective.head_losses(predicted, targets, *model.output())):
+            prediction = model(inputs, state)
+            state = prediction.state
+            for n, record in enumerate(objective.head_losses(prediction, targets, *model.output())):
                 totals[n] += record.loss.item() * record.count
                 counts[n] += record.count
         sums.append((totals, counts))
@@ -273,10 +316,8 @@ def test_streaming_ensemble_equals_one_long_segment(encoder_kind, kind):
     weight, bias = model.output()
     with torch.no_grad():
         mixed = ensemble_predictions(model, inputs, targets, 0.6)
-        predicted, _ = model(inputs)
-        heads = model.heads.reconstruct(
-            model.heads(predicted), F.pad(weight[targets], (0, 0, 0, 1))
-        )
+        predicted, raw, _ = model(inputs)
+        heads = model.heads.reconstruct(raw, F.pad(weight[targets], (0, 0, 0, 1)))
     t = 10  # every head available: ê_n(t) is head n's output at column t − n
     expected = 0.4 * predicted[:, t] + 0.6 * torch.stack(
         [heads[n - 1][:, t - n] for n in (1, 2, 3)]
@@ -368,8 +409,7 @@ def test_batch_gradient_diversity_is_eq_14_over_the_rows():
     assert all(p.grad is None for p in model.parameters())
     rows = []
     for row in range(3):
-        predicted, _ = model(inputs[row : row + 1])
-        loss = objective(predicted, targets[row : row + 1], *model.output()).loss
+        loss = objective(model(inputs[row : row + 1]), targets[row : row + 1], *model.output()).loss
         grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
         rows.append(torch.cat([g.flatten() for g in grads if g is not None]))
     assert math.isclose(got, float(functional.gradient_diversity(torch.stack(rows))), rel_tol=1e-5)

@@ -25,7 +25,7 @@ def _model(encoder: str, output: str, **options):
 def test_shapes_finite_loss_and_normalised_log_probs(encoder_kind, output_kind):
     model = _model(encoder_kind, output_kind)
     tokens = torch.randint(V, (3, 7))
-    predicted, _ = model(tokens)
+    predicted, _, _ = model(tokens)
     weight, bias = model.output()
     assert predicted.shape == (3, 7, model.output.embedding_dim)
     assert weight.shape == (V, model.output.embedding_dim)
@@ -46,8 +46,8 @@ def test_causality(encoder_kind, output_kind):
     tokens = torch.randint(V, (2, 12))
     changed = tokens.clone()
     changed[:, 6:] = (changed[:, 6:] + 1) % V
-    a, _ = model(tokens)
-    b, _ = model(changed)
+    a, _, _ = model(tokens)
+    b, _, _ = model(changed)
     torch.testing.assert_close(a[:, :6], b[:, :6])
     assert not torch.allclose(a[:, 6:], b[:, 6:])
 
@@ -56,10 +56,10 @@ def test_carried_state_equals_one_long_run(encoder_kind, output_kind):
     """Segments fed one after another with the returned state equal one long segment."""
     model = _model(encoder_kind, output_kind)
     tokens = torch.randint(V, (2, 30))
-    whole, _ = model(tokens)
+    whole, _, _ = model(tokens)
     state, parts = None, []
     for chunk in tokens.split(7, dim=1):
-        out, state = model(chunk, state)
+        out, _, state = model(chunk, state)
         parts.append(out)
     torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-5, rtol=1e-5)
 
@@ -72,12 +72,12 @@ def test_transformer_sliding_window_matches_explicit_windows():
     tokens = torch.randint(V, (1, 20))
     state, outs = None, []
     for chunk in tokens.split(1, dim=1):  # segment 1: every token sees exactly min(t+1, C) tokens
-        out, state = model(chunk, state)
+        out, _, state = model(chunk, state)
         outs.append(out)
     streamed = torch.cat(outs, 1)
     for t in range(20):
         window = tokens[:, max(0, t - context + 1) : t + 1]
-        direct, _ = model(window)
+        direct, _, _ = model(window)
         torch.testing.assert_close(streamed[:, t], direct[:, -1], atol=1e-5, rtol=1e-5)
 
 

@@ -78,7 +78,7 @@ def test_compositional_layer_scores_new_words_itself_and_normalises():
     scores = score_text(model, vocab, tokens, open_vocabulary=True, batch_size=1, segment=50)
     eval_words = list(vocab.itos) + sorted({t for t in tokens if t not in vocab}, key=tokens.index)
     weight, bias = model.output.embed_words(eval_words)
-    hidden, _ = model(vocab.encode([EOS, *tokens[:-1]])[None])
+    hidden, _, _ = model(vocab.encode([EOS, *tokens[:-1]])[None])
     log_probs = torch.log_softmax(hidden @ weight.t() + bias, -1)[0]  # (N, V_eval)
     expected = log_probs.gather(1, torch.tensor([eval_words.index(t) for t in tokens])[:, None])
     torch.testing.assert_close(scores.log_probs, expected.squeeze(1), rtol=1e-4, atol=1e-5)
@@ -127,7 +127,7 @@ def test_groc_input_embeds_the_new_words_themselves():
     with torch.no_grad():
         for name, ids in inputs.items():
             embedding = direct if name == "own" else model.embedding
-            hidden, _ = LanguageModel(embedding, model.encoder, model.output)(ids[None])
+            hidden, _, _ = LanguageModel(embedding, model.encoder, model.output)(ids[None])
             log_probs = torch.log_softmax(hidden @ weight.t() + bias, -1)[0]  # (N, V_eval)
             expected[name] = log_probs.gather(1, targets[:, None]).squeeze(1)
     torch.testing.assert_close(scores.log_probs, expected["own"], rtol=1e-4, atol=1e-5)
@@ -147,7 +147,7 @@ def test_new_word_down_weighting_keeps_a_distribution():
     )  # fmt: skip
     eval_words = list(vocab.itos) + sorted({t for t in tokens if t not in vocab}, key=tokens.index)
     weight, bias = model.output.embed_words(eval_words)
-    hidden, _ = model(vocab.encode([EOS, *tokens[:-1]])[None])
+    hidden, _, _ = model(vocab.encode([EOS, *tokens[:-1]])[None])
     probs = torch.softmax(hidden @ weight.t() + bias, -1)[0]  # (N, V_eval)
     scale = torch.ones(len(eval_words))
     scale[len(vocab) :] = omega

@@ -85,7 +85,7 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path, monkeypatch):
     Trainer(config, tmp_path / "full", log=_quiet).train()
 
     trainer = Trainer(config, tmp_path / "run", log=_quiet)
-    original = Trainer._train_step
+    original = Trainer.train_step
 
     def step_then_interrupt(self, *args):
         result = original(self, *args)
@@ -93,7 +93,7 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return result
 
-    monkeypatch.setattr(Trainer, "_train_step", step_then_interrupt)
+    monkeypatch.setattr(Trainer, "train_step", step_then_interrupt)
     assert trainer.train() == {"interrupted": True, "step": 5}
     monkeypatch.undo()
     assert load(tmp_path / "run" / "last.pt")["progress"]["step"] == 5
@@ -104,15 +104,15 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(tmp_path, monkeypatch):
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     config = tiny_config(**{"train.eval_every": 3})
     trainer = Trainer(config, tmp_path / "run", log=_quiet)
-    original = Trainer._train_step
+    original = Trainer.train_step
 
-    def poisoned(self, inputs, targets, lr):
+    def poisoned(self, batch, lr):
         if self.step == 5:
             with torch.no_grad():
                 self.model.embedding.weight.fill_(float("nan"))
-        return original(self, inputs, targets, lr)
+        return original(self, batch, lr)
 
-    monkeypatch.setattr(Trainer, "_train_step", poisoned)
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
     with pytest.raises(TrainingDiverged, match="loss is nan at step 6"):
         trainer.train()
     checkpoint = load(tmp_path / "run" / "last.pt")

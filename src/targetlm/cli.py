@@ -5,6 +5,7 @@
     targetlm eval RUN_DIR [--split valid|test | --file PATH] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
                   [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
                   [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
+    targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--ensemble-lambda L,...] [scoring options]
     targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
@@ -105,28 +106,10 @@ def _eval(args: argparse.Namespace) -> int:
     from targetlm.runs import load_run
 
     combiners = _combiners(args)
-    if args.ensemble_lambda and combiners is not None:
-        raise ConfigError(
-            "--ensemble-lambda cannot be combined with --open-vocab or the caches yet; "
-            "evaluate them separately"
-        )
     if args.file is not None and args.split is not None:
         raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
     config, vocab, model, _ = load_run(args.run_dir, _eval_overrides(args))
-    if args.ensemble_lambda and (model.heads is None or model.heads.num_predictions < 2):
-        raise ConfigError(
-            f"--ensemble-lambda: {args.run_dir} has no N-gram heads (model.heads.kind = "
-            f"{config.model.heads.kind!r}, needs n >= 2)"
-        )
-    if any(not 0 <= lam <= 1 for lam in args.ensemble_lambda):
-        raise ConfigError(
-            f"--ensemble-lambda: every λ must be in [0, 1], got {args.ensemble_lambda}"
-        )
-    if args.open_vocab and config.data.tokenizer != "whitespace":
-        raise ConfigError(
-            f"--open-vocab: a {config.data.tokenizer} tokenizer reads any text with its own "
-            "symbols, so there are no new words to add"
-        )
+    _check_combiners(args, config, model)
     split = args.split or "test"
     if args.file is not None:
         lines, source = read_file(args.file, config.data.lowercase), str(args.file)
@@ -136,14 +119,22 @@ def _eval(args: argparse.Namespace) -> int:
     tokens = vocab.tokenizer.tokenize(lines)  # the run's tokenizer and vocabulary
     words = count_words(lines)
     where = {"split": None if args.file is not None else split, "file": source}
-    if combiners is not None:
-        scores = _score(model, vocab, config, tokens, args.open_vocab, combiners)
-        result = {**per_word(scores.summary(), words), **_settings(config, args, combiners)}
+    if combiners is not None:  # per-token scoring: every combiner composes, one pass
+        combiners = dataclasses.replace(combiners, ensemble_lambdas=tuple(args.ensemble_lambda))
+        main, *streams = _score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
+        result = {**per_word(main.summary(), words), **_settings(config, args, combiners)}
         result.update(where)
+        if streams:
+            result["ensemble"] = [
+                {"lambda": lam, **per_word(s.summary(), words)}
+                for lam, s in zip(args.ensemble_lambda, streams)
+            ]
         if args.json:
             print(json.dumps(result))
         else:
             _print_summary(result)
+            for row in result.get("ensemble", []):
+                print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
         return 0
     ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
     segment = config.eval.segment or config.data.bptt
@@ -177,6 +168,71 @@ def _eval(args: argparse.Namespace) -> int:
         )
         for row in result.get("ensemble", []):
             print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
+    return 0
+
+
+def _check_combiners(
+    args: argparse.Namespace, config: config_lib.Config, model: LanguageModel
+) -> None:
+    """One clear error for a combiner that cannot apply to this run (before anything runs)."""
+    if args.ensemble_lambda and model.num_heads < 1:
+        raise ConfigError(
+            f"--ensemble-lambda: {args.run_dir} has no N-gram heads (model.heads.kind = "
+            f"{config.model.heads.kind!r}, needs n >= 2)"
+        )
+    if any(not 0 <= lam <= 1 for lam in args.ensemble_lambda):
+        raise ConfigError(
+            f"--ensemble-lambda: every λ must be in [0, 1], got {args.ensemble_lambda}"
+        )
+    if args.open_vocab and config.data.tokenizer != "whitespace":
+        raise ConfigError(
+            f"--open-vocab: a {config.data.tokenizer} tokenizer reads any text with its own "
+            "symbols, so there are no new words to add"
+        )
+
+
+def _score_file(args: argparse.Namespace) -> int:
+    """``targetlm score``: one JSON record per token of a file, with any combiners."""
+    import os
+    import tempfile
+
+    from targetlm.runs import load_run
+
+    combiners = _combiners(args) or Combiners()
+    config, vocab, model, _ = load_run(args.run_dir, _eval_overrides(args))
+    _check_combiners(args, config, model)
+    lines = read_file(args.file, config.data.lowercase)
+    tokens = list(vocab.tokenizer.tokenize(lines))
+    combiners = dataclasses.replace(combiners, ensemble_lambdas=tuple(args.ensemble_lambda))
+    main, *streams = _score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written whole or not at all: a temporary file renamed over the output
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for i, token in enumerate(tokens):
+                record = {
+                    "position": i,
+                    "token": token,
+                    "log_prob": float(main.log_probs[i]),
+                    "new": bool(main.is_new[i]),
+                }
+                if streams:
+                    record["ensemble"] = {
+                        f"{lam:g}": float(s.log_probs[i])
+                        for lam, s in zip(args.ensemble_lambda, streams)
+                    }
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    summary = main.summary()
+    print(
+        f"{out}: {summary['tokens']:,} tokens of {args.file}, ppl {summary['ppl']:.2f}, "
+        f"OOV rate {summary['oov_rate']:.2%}"
+    )
     return 0
 
 
@@ -222,14 +278,27 @@ def _score(
     combiners: Combiners,
 ) -> TokenScores:
     """Per-token scores of ``tokens`` (``score_text``) with the run's evaluation batching."""
-    from targetlm.inference.scoring import score_text
+    return _score_streams(model, vocab, config, tokens, open_vocab, combiners)[0]
+
+
+def _score_streams(
+    model: LanguageModel,
+    vocab: Vocabulary,
+    config: config_lib.Config,
+    tokens: list[str],
+    open_vocab: bool,
+    combiners: Combiners,
+) -> list[TokenScores]:
+    """Per-token scores of the main head and of each ensemble λ (``score_streams``, one pass)
+    with the run's evaluation batching."""
+    from targetlm.inference.scoring import score_streams
 
     if combiners.uniform_weight is not None and open_vocab and hasattr(model.output, "embed_words"):
         raise ConfigError(
             f"--uniform-weight: the output layer ({config.model.output.kind}) is compositional: "
             "it scores new words itself and is never mixed with the uniform distribution"
         )
-    return score_text(
+    return score_streams(
         model,
         vocab,
         tokens,
@@ -604,11 +673,35 @@ def build_parser() -> argparse.ArgumentParser:
         type=_floats,
         default=[],
         metavar="L,L,...",
-        help="also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass)",
+        help="also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass; composes "
+        "with --open-vocab and the caches, which then apply to every λ)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _add_scoring_options(p)
     p.set_defaults(func=_eval)
+
+    p = sub.add_parser(
+        "score", help="per-token log-probabilities of a text file (JSON lines), with any combiners"
+    )
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--file", type=Path, required=True, metavar="PATH", help="the text to score")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="JSONL",
+        help="one record per token: position, token, log_prob (natural log), new",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--ensemble-lambda",
+        type=_floats,
+        default=[],
+        metavar="L,L,...",
+        help="also each λ's log-probability (record key 'ensemble'), in the same pass",
+    )
+    _add_scoring_options(p)
+    p.set_defaults(func=_score_file)
 
     p = sub.add_parser("generate", help="sample text from a trained run")
     p.add_argument("run_dir", type=Path)

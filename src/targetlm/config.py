@@ -6,6 +6,7 @@ A config file has four tables::
     [model.embedding] / [model.encoder] / [model.output] / [model.heads]
                  each ``kind = "..."`` plus that component's constructor options
     [objective]  ``kind = "..."`` plus options
+    [task]       ``kind = "lm"`` (the registered tasks: where x̂ and the targets come from)
     [train]      optimiser, schedule, budget        -> TrainConfig
     [eval]       evaluation batching                -> EvalConfig
 
@@ -148,6 +149,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     objective: ComponentConfig = _component("cross_entropy")
+    task: ComponentConfig = _component("lm")
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -195,9 +197,39 @@ def _from_dict(cls: type, data: Any, prefix: str) -> Any:
 
 def from_dict(data: dict[str, Any]) -> Config:
     """Build and validate a :class:`Config` from a plain (TOML-shaped) dict."""
-    config = _from_dict(Config, data, "")
+    config = _from_dict(Config, upgrade(data), "")
     validate(config)
     return config
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """Move keys of older configs (e.g. a run directory's ``config.toml``) to their place now.
+
+    ``model.heads.alpha`` (before issue 11) is the N-gram loss's α: ``objective.ngram_alpha``.
+    Returns a new dict when something moved (with a ``DeprecationWarning``), else ``data``.
+    """
+    heads = data.get("model", {}).get("heads") if isinstance(data.get("model"), dict) else None
+    if not isinstance(heads, dict) or "alpha" not in heads:
+        return data
+    import warnings
+
+    data = json.loads(json.dumps(data))
+    alpha = data["model"]["heads"].pop("alpha")
+    objective = data.setdefault("objective", {"kind": "cross_entropy"})
+    if isinstance(objective, dict):
+        if "ngram_alpha" in objective and objective["ngram_alpha"] != alpha:
+            raise ConfigError(
+                f"model.heads.alpha = {alpha} (an older key) and objective.ngram_alpha = "
+                f"{objective['ngram_alpha']} disagree; keep objective.ngram_alpha only"
+            )
+        objective["ngram_alpha"] = alpha
+    warnings.warn(
+        "model.heads.alpha is deprecated: it is the N-gram loss's α, now objective.ngram_alpha "
+        "(moved there)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return data
 
 
 def validate(config: Config) -> None:
@@ -206,16 +238,17 @@ def validate(config: Config) -> None:
 
     from targetlm.lexicon import Lexicon
     from targetlm.modules import build_model
-    from targetlm.objectives import OBJECTIVES
+    from targetlm.objectives import build_objective
 
     # Build once on the meta device (no memory, no compute): every option's name,
     # type and value is checked by the constructors themselves. An empty lexicon: GroC's
     # options are checked without WordNet, which is only read when the model is really built.
     with torch.device("meta"):
         model = build_model(config.model, 8, lexicon=Lexicon())
-        OBJECTIVES.build(
-            config.objective.kind, config.objective.options, "objective", embedding=model.embedding
-        )
+        build_objective(config.objective, model)
+    from targetlm.tasks import TASKS
+
+    TASKS.build(config.task.kind, config.task.options, "task")
     context = getattr(model.encoder, "max_context", None)
     if context is not None:
         for key, value in (("data.bptt", config.data.bptt), ("eval.segment", config.eval.segment)):

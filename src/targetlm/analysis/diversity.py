@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from targetlm.modules.model import LanguageModel
+from targetlm.objectives.ngram import NgramLoss
 
 
 def batch_gradient_diversity(
     model: LanguageModel,
-    objective: nn.Module,
+    objective: NgramLoss,
     inputs: torch.Tensor,
     targets: torch.Tensor,
     state: Any = None,
@@ -35,10 +35,11 @@ def batch_gradient_diversity(
     squares = torch.zeros((), dtype=torch.float64, device=inputs.device)
     total: list[torch.Tensor] | None = None
     with torch.random.fork_rng(devices=devices):
-        predicted, _ = model(inputs, state)
+        prediction = model(inputs, state)
         weight, bias = model.output()
         for row in range(inputs.size(0)):
-            out = objective(predicted[row : row + 1], targets[row : row + 1], weight, bias)
+            rows = slice(row, row + 1)
+            out = objective(prediction.rows(rows), targets[rows], weight, bias)
             if out.count == 0:
                 continue
             grads = torch.autograd.grad(out.loss, params, retain_graph=True, allow_unused=True)

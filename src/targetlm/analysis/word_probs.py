@@ -9,25 +9,29 @@ from __future__ import annotations
 
 import torch
 
-from targetlm.data.batching import IGNORE, StreamBatches
+from targetlm.data.batching import IGNORE
+from targetlm.inference.evaluate import evaluate_ids
 from targetlm.modules.model import LanguageModel
 
 
-@torch.no_grad()
 def mean_word_probabilities(
     model: LanguageModel, ids: torch.Tensor, word_ids: list[int], batch_size: int, segment: int
 ) -> dict[str, list[float]]:
-    """``{"mean_prob": [...], "frequency": [...]}`` for ``word_ids`` over the stream ``ids``."""
-    model.eval()
-    batches = StreamBatches(ids, batch_size, segment, pad=True)
+    """``{"mean_prob": [...], "frequency": [...]}`` for ``word_ids`` over the stream ``ids``.
+
+    Reads the stream with the one evaluation loop (:func:`~targetlm.inference.evaluate_ids`),
+    looking at the main head's whole distribution at every scored position."""
     selected = torch.tensor(word_ids)
     totals = torch.zeros(len(word_ids), dtype=torch.float64)
     hits = torch.zeros(len(word_ids), dtype=torch.float64)
-    count, state = 0, None
-    for inputs, targets in batches:
-        log_probs, state = model.log_probs(inputs, state)  # (B, T, V)
+
+    def inspect(logits: torch.Tensor, targets: torch.Tensor) -> None:
+        # logits (B, T, V), targets (B, T)
+        log_probs = torch.log_softmax(logits.float(), -1)
         mask = targets != IGNORE
-        totals += log_probs[mask][:, selected].exp().double().sum(0)
-        hits += (targets[mask][:, None] == selected).double().sum(0)
-        count += int(mask.sum())
+        totals.add_(log_probs[mask][:, selected.to(logits.device)].exp().double().sum(0).cpu())
+        hits.add_((targets[mask][:, None].cpu() == selected).double().sum(0))
+
+    (main,) = evaluate_ids(model, ids, batch_size=batch_size, segment=segment, inspect=inspect)
+    count = main.count
     return {"mean_prob": (totals / count).tolist(), "frequency": (hits / count).tolist()}

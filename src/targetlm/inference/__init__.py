@@ -1,11 +1,23 @@
-"""Using a trained model: perplexity evaluation and generation.
+"""Using a trained model: one evaluation loop with composable combiners, and generation.
 
-The head ensemble (Heo et al.) is in ``ensemble``; later issues add caches and
-open-vocabulary interpolation here.
+``evaluate`` holds the loop (:func:`evaluate_ids`), ``combiners`` the registered combiners
+(head ensemble before the logit layer; uniform mixture, new-word weight, unigram and neural
+caches after it), ``scoring`` per-token scoring with open vocabulary, ``ensemble`` the head
+ensemble's estimates.
 """
 
-from targetlm.inference.ensemble import HeadEstimates, evaluate_ensemble
-from targetlm.inference.evaluate import evaluate_stream
+from targetlm.inference.combiners import COMBINERS, CombinerError, Combiners, HeadEstimates
+from targetlm.inference.ensemble import evaluate_ensemble
+from targetlm.inference.evaluate import evaluate_ids, evaluate_stream
 from targetlm.inference.generate import generate
 
-__all__ = ["HeadEstimates", "evaluate_ensemble", "evaluate_stream", "generate"]
+__all__ = [
+    "COMBINERS",
+    "CombinerError",
+    "Combiners",
+    "HeadEstimates",
+    "evaluate_ensemble",
+    "evaluate_ids",
+    "evaluate_stream",
+    "generate",
+]

@@ -1,19 +1,189 @@
-"""Perplexity of a token stream, every token scored exactly once."""
+"""The one evaluation loop: a token stream, every token scored exactly once, with any combiners.
+
+:func:`evaluate_ids` reads the stream as ``batch_size`` rows, ``segment`` tokens at a time, the
+encoder state carried across segments (``targetlm.data.batching``). Per segment the model runs
+once (with its heads when a vector combiner needs them); the vector combiner (head ensemble)
+makes one x̂ per stream, the logit layer runs once per stream and the probability combiners
+(``targetlm.inference.combiners``, in their documented order) act on each stream's p(y_t).
+Perplexity (:func:`evaluate_stream`), the head ensemble (``evaluate_ensemble``), per-token
+scoring with open vocabulary and caches (``score_text``) and the word-probability analysis
+are this loop with different combiners and outputs.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from targetlm import functional
-from targetlm.data.batching import StreamBatches
+from targetlm.data.batching import IGNORE
+from targetlm.inference.combiners import BuiltCombiners, ScoringContext, Segment, StreamLogits
 from targetlm.modules.model import LanguageModel
+from targetlm.tasks import LanguageModelingTask, Task
+
+
+@dataclass
+class StreamResult:
+    """One stream's result: summed NLL (nats) over ``count`` targets, and per-token
+    log-probabilities (N,) in text order when asked for (else None)."""
+
+    nll_sum: float
+    count: int
+    log_probs: torch.Tensor | None = None
+
+    @property
+    def nll(self) -> float:
+        return self.nll_sum / self.count
+
+
+# called with the main stream's logits (B, T, V) and targets (B, T) of every segment
+Inspector = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 @torch.no_grad()
+def evaluate_ids(
+    model: LanguageModel,
+    target_ids: torch.Tensor,
+    *,
+    batch_size: int,
+    segment: int,
+    combiners: BuiltCombiners | None = None,
+    context: ScoringContext | None = None,
+    input_ids: torch.Tensor | None = None,
+    output: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+    embedding: nn.Module | None = None,
+    per_token: bool = False,
+    inspect: Inspector | None = None,
+    task: Task | None = None,
+    device: str | torch.device = "cpu",
+) -> list[StreamResult]:
+    """Score every target of a stream; one :class:`StreamResult` per stream (the main head's
+    first, then one per vector-combiner stream, e.g. per λ).
+
+    Args:
+        target_ids: (N + 1,) ids starting with the context token; targets are ids 1..N (ids of
+            the evaluation vocabulary: ≥ ``context.scored_size`` gets no mass from the logits).
+        combiners: built combiners (None: none).
+        context: the vocabularies (default: closed, ``E_out``'s rows).
+        input_ids: (N + 1,) what the model reads (default ``target_ids``; e.g. ``<unk>`` for
+            new words of a lookup input embedding).
+        output: ``(E_out, b)`` to score with (default ``model.output()``, computed once).
+        embedding: an input embedding to read with instead of the model's (e.g. rebuilt for
+            V_eval), for this evaluation only.
+        per_token: also return per-token log-probabilities.
+        inspect: called with the main stream's logits and targets of every segment.
+        task: how the stream becomes batches and the model reads them (default ``lm``).
+    """
+    was_training = model.training
+    model.eval()
+    combiners = combiners or BuiltCombiners()
+    weight, bias = output if output is not None else model.output()
+    if context is None:
+        rows = weight.size(0)
+        context = ScoringContext(rows, rows, rows, batch_size=batch_size, device=device)
+    vector, probability = combiners.vector, combiners.probability
+    if vector is not None:
+        vector.start(model, weight)
+    for combiner in probability:
+        combiner.start(context)
+    exact_probs = per_token or bool(probability)  # else: summed cross entropy, as in training
+
+    task = task or LanguageModelingTask()
+    batches = task.batches(
+        target_ids, batch_size, segment, train=False, input_ids=input_ids, positions=per_token
+    )
+    streams = 1 + (len(vector.names) if vector is not None else 0)
+    totals, count = [0.0] * streams, 0
+    log_probs = [torch.empty(len(target_ids) - 1) for _ in range(streams)] if per_token else []
+    state = None
+    with _reading_with(model, embedding):
+        for batch in batches:
+            batch = batch.to(device)
+            y = batch.targets  # (B, T)
+            prediction = task.predict(model, batch, state, run_heads=vector is not None)
+            state = prediction.state
+            current = Segment(prediction, y)
+            predicted = [prediction.main, *(vector.streams(current) if vector else [])]
+            for combiner in probability:
+                combiner.observe(current)
+            valid = y != IGNORE
+            count += int(valid.sum())
+            done: dict[int, tuple[float, torch.Tensor | None]] = {}  # λ = 0 is the main x̂
+            for s, vectors in enumerate(predicted):
+                if id(vectors) not in done:
+                    logits = functional.logits(vectors, weight, bias)  # (B, T, V_scored)
+                    if inspect is not None and s == 0:
+                        inspect(logits, y)
+                    if exact_probs:
+                        done[id(vectors)] = _combined_log_probs(
+                            logits, y, context, probability, current
+                        )
+                    else:
+                        nll_sum = functional.cross_entropy(logits.flatten(0, -2), y.reshape(-1))[1]
+                        done[id(vectors)] = (float(nll_sum), None)
+                nll_sum, token_log_probs = done[id(vectors)]
+                totals[s] += nll_sum
+                if batch.positions is not None and token_log_probs is not None:
+                    positions = batch.positions.cpu()  # (B, T): index in target_ids
+                    keep = positions != IGNORE
+                    log_probs[s][positions[keep] - 1] = token_log_probs.cpu()[keep]
+    model.train(was_training)
+    if count == 0:
+        raise ValueError("nothing to score")
+    return [
+        StreamResult(totals[s], count, log_probs[s] if per_token else None) for s in range(streams)
+    ]
+
+
+def _combined_log_probs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    context: ScoringContext,
+    probability: list,
+    segment: Segment,
+) -> tuple[float, torch.Tensor]:
+    """log p(y_t) (B, T) of one stream after the probability combiners, and its summed NLL."""
+    logits = logits.float()
+    log_norm = torch.logsumexp(logits, -1)  # (B, T)
+    valid = targets != IGNORE
+    scored = context.scored_size
+    in_scored = valid & (targets < scored)
+    gathered = logits.gather(-1, targets.clamp(0, scored - 1)[..., None]).squeeze(-1)
+    probs = torch.where(in_scored, (gathered - log_norm).exp(), torch.zeros_like(log_norm))
+    stream = StreamLogits(logits, log_norm)
+    for combiner in probability:
+        probs = combiner.combine(probs, stream, segment)
+    token_log_probs = probs.log()
+    return float(-token_log_probs[valid].double().sum()), token_log_probs
+
+
+@contextmanager
+def _reading_with(model: LanguageModel, embedding: nn.Module | None) -> Iterator[None]:
+    """``model`` reads its input through ``embedding`` (e.g. one rebuilt for V_eval) inside the
+    block, through its own again after it."""
+    if embedding is None:
+        yield
+        return
+    own = model.embedding
+    model.embedding = embedding
+    try:
+        yield
+    finally:
+        model.embedding = own
+
+
 def evaluate_stream(
-    model: LanguageModel, ids: torch.Tensor, batch_size: int, segment: int, device: str = "cpu"
+    model: LanguageModel,
+    ids: torch.Tensor,
+    batch_size: int,
+    segment: int,
+    device: str | torch.device = "cpu",
+    task: Task | None = None,
 ) -> dict[str, float]:
     """Next-word perplexity of ``ids`` (which start with the context ``<eos>``).
 
@@ -21,21 +191,10 @@ def evaluate_stream(
     the encoder state carried across segments (see ``targetlm.data.batching``).
     Returns ``{"ppl", "nll", "tokens"}`` with nll the mean negative log-likelihood in nats.
     """
-    was_training = model.training
-    model.eval()
-    batches = StreamBatches(ids, batch_size, segment, pad=True)
-    weight, bias = model.output()  # computed once for the whole evaluation
-    state = None
-    total, count = 0.0, 0
-    for inputs, targets in batches:
-        predicted, state = model(inputs.to(device), state)
-        logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
-        _, nll_sum, n = functional.cross_entropy(logits, targets.reshape(-1).to(device))
-        total += float(nll_sum)
-        count += n
-    model.train(was_training)
-    nll = total / count
-    return {"ppl": perplexity(nll), "nll": nll, "tokens": count}
+    (main,) = evaluate_ids(
+        model, ids, batch_size=batch_size, segment=segment, task=task, device=device
+    )
+    return {"ppl": perplexity(main.nll), "nll": main.nll, "tokens": main.count}
 
 
 def perplexity(nll: float) -> float:

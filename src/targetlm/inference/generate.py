@@ -36,7 +36,7 @@ def generate(
     ids = torch.tensor([[vocab.eos_id] + vocab.encode(prompt).tolist()], device=device)
     state = None
     for chunk in ids.split(PROMPT_CHUNK, dim=1):  # short chunks fit any encoder's window
-        predicted, state = model(chunk, state)
+        predicted, _, state = model(chunk, state, run_heads=False)
     words: list[str] = []
     for _ in range(max_tokens):
         logits = model.logits(predicted[0, -1]).float().cpu()  # (V,)
@@ -49,5 +49,5 @@ def generate(
             probs = torch.softmax(logits / temperature, -1)
             token = int(torch.multinomial(probs, 1, generator=generator))
         words.append(vocab.itos[token])
-        predicted, state = model(torch.tensor([[token]], device=device), state)
+        predicted, _, state = model(torch.tensor([[token]], device=device), state, run_heads=False)
     return words

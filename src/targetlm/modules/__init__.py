@@ -10,7 +10,13 @@ from targetlm.modules.compositional import (
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS, LookupEmbedding
 from targetlm.modules.encoders import ENCODERS, LockedDropout, LstmEncoder, TransformerEncoder
 from targetlm.modules.heads import HEADS, NgramHeads, SimpleHeads, WdrHeads, build_heads
-from targetlm.modules.model import LanguageModel, build_model, detach_state, state_to_list
+from targetlm.modules.model import (
+    LanguageModel,
+    Prediction,
+    build_model,
+    detach_state,
+    state_to_list,
+)
 from targetlm.modules.outputs import (
     OUTPUT_LAYERS,
     AdaptiveOutput,
@@ -37,6 +43,7 @@ __all__ = [
     "INPUT_EMBEDDINGS",
     "OUTPUT_LAYERS",
     "LanguageModel",
+    "Prediction",
     "LockedDropout",
     "LookupEmbedding",
     "LookupOutput",

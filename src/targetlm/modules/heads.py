@@ -39,10 +39,14 @@ ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 class NgramHeads(nn.Module):
     """Base: N−1 MLPs ``Linear(d, hidden) → activation → Linear(hidden, d)``, one per future word.
 
+    The model runs them on its projected encoder output (``LanguageModel.forward`` returns
+    their raw outputs in its ``Prediction``); what turns a raw output into a predicted target
+    vector (``reconstruct``: the WDR conjugate) needs the true words, so the N-gram loss and
+    the head ensemble call it. The loss weight α is the objective's (``objective.ngram_alpha``).
+
     Args:
         embedding_dim: d, the output layer's embedding size (supplied by the builder).
         n: N, the number of predicted positions including the main one (N = 1: no heads).
-        alpha: α of the N-gram total loss ``½·L₀ + α/(2N−2)·Σ L_n``.
         hidden_size: the MLPs' hidden width (default d).
         activation: ``relu`` (the papers), ``tanh`` or ``gelu``.
     """
@@ -51,31 +55,25 @@ class NgramHeads(nn.Module):
         self,
         embedding_dim: int,
         n: int = 2,
-        alpha: float = 1.0,
         hidden_size: int | None = None,
         activation: Literal["relu", "tanh", "gelu"] = "relu",
     ) -> None:
         super().__init__()
         if n < 1:
             raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
-        if alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
         self.num_predictions = n
-        self.alpha = alpha
         d, hidden = embedding_dim, hidden_size or embedding_dim
         self.mlps = nn.ModuleList(
             nn.Sequential(nn.Linear(d, hidden), ACTIVATIONS[activation](), nn.Linear(hidden, d))
             for _ in range(n - 1)
         )
 
-    def forward(self, hidden: torch.Tensor) -> list[torch.Tensor]:
-        """h (B, T, d) -> the heads' raw outputs [MLP^n(h) (B, T, d) for n = 1..N−1]."""
-        return [mlp(hidden) for mlp in self.mlps]
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """h (B, T, d) -> the heads' raw outputs MLP^n(h) stacked: (N−1, B, T, d)."""
+        return torch.stack([mlp(hidden) for mlp in self.mlps])
 
-    def reconstruct(
-        self, outputs: list[torch.Tensor], embeddings: torch.Tensor
-    ) -> list[torch.Tensor]:
-        """Raw outputs at columns t -> predicted target vectors x̂_{t+n} (B, T, d).
+    def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """Raw outputs (N−1, B, T, d) at columns t -> predicted target vectors x̂_{t+n}, same shape.
 
         embeddings (B, L, d), L ≥ T: x_s = E_out[y_s] of the target-side words from the
         same first column (used by WDR only).
@@ -87,9 +85,7 @@ class NgramHeads(nn.Module):
 class SimpleHeads(NgramHeads):
     """Simple N-gram heads (Heo et al. 2024): ``x̂_{t+n} = MLP^n(h_t)``."""
 
-    def reconstruct(
-        self, outputs: list[torch.Tensor], embeddings: torch.Tensor
-    ) -> list[torch.Tensor]:
+    def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         return outputs
 
 
@@ -101,13 +97,12 @@ class WdrHeads(NgramHeads):
     x_t..x_{t+n−1} and detached, so the head alone is trained towards ``Δ_n x_t``.
     """
 
-    def reconstruct(
-        self, outputs: list[torch.Tensor], embeddings: torch.Tensor
-    ) -> list[torch.Tensor]:
-        return [
-            out + functional.wdr_conjugate(embeddings, n)[:, : out.size(1)].to(out.dtype)
-            for n, out in enumerate(outputs, 1)
+    def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        T = outputs.size(2)
+        conjugates = [
+            functional.wdr_conjugate(embeddings, n)[:, :T] for n in range(1, outputs.size(0) + 1)
         ]
+        return outputs + torch.stack(conjugates).to(outputs.dtype)
 
 
 def build_heads(config: ComponentConfig, embedding_dim: int) -> NgramHeads | None:

@@ -1,15 +1,16 @@
-"""The language model: InputEmbedding -> Encoder -> (projection) -> x̂, and the OutputLayer.
+"""The language model: InputEmbedding -> Encoder -> (projection) -> x̂ [-> heads], and the OutputLayer.
 
-``forward`` returns the predicted target vectors x̂ (B, T, d); ``output()`` returns
-``E_out`` and ``b``. Losses and combiners take both, so the model never owns a
-softmax and any output layer works with any objective or combiner.
+``forward`` returns a :class:`Prediction`: the predicted target vectors x̂ (B, T, d), the N-gram
+heads' raw outputs from the same h_t, and the encoder state; ``output()`` returns ``E_out`` and
+``b``. Losses and combiners take both, so the model never owns a softmax and any output layer
+works with any objective or combiner.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +24,31 @@ from targetlm.modules.heads import NgramHeads, build_heads
 from targetlm.modules.outputs import OUTPUT_LAYERS, OutputLayer
 
 
+class Prediction(NamedTuple):
+    """What the model predicts for a segment.
+
+    main: x̂_t (B, T, d), the main head's predicted target vectors (column t predicts the
+        segment's target t).
+    heads: (N−1, B, T, d), head n's raw output MLP^n(h_t) at column t (n = 1..N−1; the
+        prediction of target t+n before any WDR conjugate is added); None without heads or
+        when not asked for.
+    state: the encoder state that continues the stream.
+    """
+
+    main: torch.Tensor
+    heads: torch.Tensor | None
+    state: Any
+
+    def rows(self, index: slice) -> Prediction:
+        """The prediction of some batch rows (the state is left out: it is the stream's)."""
+        heads = None if self.heads is None else self.heads[:, index]
+        return Prediction(self.main[index], heads, None)
+
+
 class LanguageModel(nn.Module):
     """Args: already-built embedding, encoder, output layer and optional N-gram heads
-    (see :func:`build_model`). ``forward`` is the main head; objectives and combiners
-    call ``heads`` on its output."""
+    (see :func:`build_model`). ``forward`` runs the main head and the N-gram heads once;
+    the N-gram loss and the head ensemble read their outputs from the :class:`Prediction`."""
 
     def __init__(
         self,
@@ -48,10 +70,22 @@ class LanguageModel(nn.Module):
         """tokens (B, T) -> encoder output h (B, T, H) and the state that continues the stream."""
         return self.encoder(self.embedding(tokens), state)
 
-    def forward(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
-        """tokens (B, T) -> predicted target vectors x̂ (B, T, d) and the new state."""
+    @property
+    def num_heads(self) -> int:
+        """N−1, the number of future-word heads (0 without heads)."""
+        return 0 if self.heads is None else self.heads.num_predictions - 1
+
+    def forward(
+        self, tokens: torch.Tensor, state: Any = None, *, run_heads: bool = True
+    ) -> Prediction:
+        """tokens (B, T) -> :class:`Prediction` (x̂ (B, T, d), heads (N−1, B, T, d) or None, state).
+
+        ``run_heads=False`` skips the heads (plain next-word evaluation, generation).
+        """
         hidden, state = self.encode(tokens, state)
-        return self.projection(hidden), state
+        predicted = self.projection(hidden)
+        heads = self.heads(predicted) if run_heads and self.num_heads else None
+        return Prediction(predicted, heads, state)
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """x̂ (..., d) -> x̂ · E_outᵀ + b (..., V)."""
@@ -59,8 +93,9 @@ class LanguageModel(nn.Module):
         return F.linear(predicted, weight, bias)
 
     def log_probs(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
-        predicted, state = self(tokens, state)
-        return torch.log_softmax(self.logits(predicted).float(), -1), state
+        """tokens (B, T) -> the main head's next-word log-probabilities (B, T, V) and the state."""
+        prediction = self(tokens, state, run_heads=False)
+        return torch.log_softmax(self.logits(prediction.main).float(), -1), prediction.state
 
     def parameter_counts(self) -> dict[str, int]:
         """Parameters per part of the pipeline (a shared tensor counted once, in its owner)."""

@@ -24,11 +24,12 @@ from tqdm import tqdm
 from targetlm import config as config_lib
 from targetlm import runs
 from targetlm.config import Config
-from targetlm.data import StreamBatches, Vocabulary, load_corpus, with_context_token
+from targetlm.data import Vocabulary, load_corpus, with_context_token
 from targetlm.inference.evaluate import evaluate_stream, perplexity
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
 from targetlm.registry import ConfigError
+from targetlm.tasks import TASKS, Batch, Task
 from targetlm.training import finetune
 from targetlm.training.checkpoint import CheckpointError, save_atomic
 from targetlm.training.checkpoint import load as load_checkpoint
@@ -129,13 +130,14 @@ class Trainer:
             state, base, where = source
             finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
         self.objective = build_objective(c.objective, self.model).to(self.device)
+        self.task: Task = TASKS.build(c.task.kind, c.task.options, "task")
         # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
-        self.batches = StreamBatches(
+        self.batches = self.task.batches(
             self.train_ids,
             c.data.batch_size,
             c.data.bptt,
-            pad=False,
-            lookahead=getattr(self.objective, "lookahead", 0),
+            train=True,
+            lookahead=self.objective.lookahead,
         )
         self.optimizer = build_optimizer(
             c.train, list(self.model.parameters()) + list(self.objective.parameters())
@@ -247,6 +249,7 @@ class Trainer:
             c.eval.batch_size,
             c.eval.segment or c.data.bptt,
             self.device,
+            task=self.task,
         )
         self.schedule.on_validation(result["nll"])
         improved = result["ppl"] < self.best_valid
@@ -264,17 +267,19 @@ class Trainer:
         )
         return bool(c.train.early_stopping) and self.bad_evaluations >= c.train.early_stopping
 
-    def _train_step(
-        self, inputs: torch.Tensor, targets: torch.Tensor, lr: float
-    ) -> tuple[float, int]:
+    def train_step(self, batch: Batch, lr: float) -> tuple[float, int]:
+        """One optimiser step on ``batch`` at learning rate ``lr`` (the carried state continues
+        the stream); returns the main head's summed NLL and its number of targets."""
         c = self.config.train
         set_lr(self.optimizer, lr)
         state = detach_state(self.state) if c.carry_state else None
+        batch = batch.to(self.device)
         if c.gradient_diversity_every and (self.step + 1) % c.gradient_diversity_every == 0:
-            self._measure_diversity(inputs, targets, state)
-        predicted, state = self.model(inputs.to(self.device), state)
+            self._measure_diversity(batch.inputs, batch.targets, state)
+        prediction = self.task.predict(self.model, batch, state)
+        state = prediction.state
         weight, bias = self.model.output()
-        out = self.objective(predicted, targets.to(self.device), weight, bias)
+        out = self.objective(prediction, batch.targets, weight, bias)
         loss = out.loss.detach().item()
         if not math.isfinite(loss):
             raise TrainingDiverged(
@@ -282,7 +287,7 @@ class Trainer:
                 f"The last good checkpoint is kept in {self.run_dir}"
             )
         self.optimizer.zero_grad(set_to_none=True)
-        scale = inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
+        scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
         (out.loss * scale).backward()
         if c.clip > 0:
             clip_gradients(self.model.parameters(), c.clip)
@@ -358,8 +363,7 @@ class Trainer:
                     self._checkpoint()
                     return
                 lr = self.schedule.lr(self.step + 1, self.epoch)
-                inputs, targets = self.batches[order[self.batch_index]]
-                nll, count = self._train_step(inputs, targets, lr)
+                nll, count = self.train_step(self.batches[order[self.batch_index]], lr)
                 self.step += 1
                 self.batch_index += 1
                 log_nll, log_count = log_nll + nll, log_count + count
@@ -425,7 +429,9 @@ class Trainer:
         segment = c.eval.segment or c.data.bptt
         results: dict[str, Any] = {}
         for name, ids in (("valid", self.valid_ids), ("test", self.test_ids)):
-            r = evaluate_stream(self.model, ids, c.eval.batch_size, segment, self.device)
+            r = evaluate_stream(
+                self.model, ids, c.eval.batch_size, segment, self.device, task=self.task
+            )
             results[name] = {"ppl": r["ppl"], "tokens": r["tokens"]}
             tokens = self.corpus.splits[getattr(c.data, name)]
             results[name]["oov_rate"] = self.vocab.oov_rate(tokens)

@@ -1,0 +1,10 @@
+"""Tasks: where x̂ and the targets come from (corpus ids -> typed Batch -> model -> Prediction).
+
+Everything below the logit layer (output layers, heads, objectives, combiners) is shared by
+every task; a task only says what a :class:`Batch` holds and how the model reads it.
+"""
+
+from targetlm.tasks.base import TASKS, Batch, Task
+from targetlm.tasks.lm import LanguageModelingTask
+
+__all__ = ["TASKS", "Batch", "LanguageModelingTask", "Task"]

@@ -1,0 +1,74 @@
+"""The task interface and the typed batch every task produces.
+
+A task turns a corpus into :class:`Batch` es and runs the model on one, returning its
+:class:`~targetlm.modules.model.Prediction`; the trainer's step and the evaluation loop only
+talk to this interface, so a new task (translation: an encoder reads the source and the
+decoder's x̂ goes through the same output layer; diffusion: a denoiser predicts x̂₀ for every
+position) plugs in beside ``lm`` with its own batches and ``predict``, and output layers,
+heads, objectives and combiners stay as they are: they read ``Prediction`` and the targets.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from targetlm.modules.model import LanguageModel, Prediction
+from targetlm.registry import Registry
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's data.
+
+    inputs: (B, T) what the model reads.
+    targets: (B, T + lookahead) the target of each of the T columns, then ``lookahead`` more
+        columns (the N-gram heads' later words); ``IGNORE`` marks padding.
+    positions: (B, T) the index of each column's target in the text (evaluation, per-token
+        output), ``IGNORE`` for padding; None when not asked for.
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    positions: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Batch:
+        positions = None if self.positions is None else self.positions.to(device)
+        return Batch(self.inputs.to(device), self.targets.to(device), positions)
+
+
+class Task(ABC):
+    """How a corpus becomes batches and how the model reads a batch."""
+
+    @abstractmethod
+    def batches(
+        self,
+        ids: torch.Tensor,
+        batch_size: int,
+        segment: int,
+        *,
+        train: bool,
+        lookahead: int = 0,
+        input_ids: torch.Tensor | None = None,
+        positions: bool = False,
+    ) -> Sequence[Batch]:
+        """The batches of a token stream ``ids`` (N + 1,), the context token first.
+
+        train: drop what does not fill the batch (training) or pad it (evaluation: every
+        target scored once). lookahead: extra target columns per batch. input_ids: what the
+        model reads instead of ``ids`` (same length; e.g. ``<unk>`` for new words).
+        positions: fill :attr:`Batch.positions`.
+        """
+
+    @abstractmethod
+    def predict(
+        self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True
+    ) -> Prediction:
+        """Run ``model`` on ``batch`` (continuing ``state``): its :class:`Prediction`."""
+
+
+TASKS: Registry[Task] = Registry("task")
