@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from outputs import Variant, vocabulary, zipf_batches
 
-from targetlm.modules.compositional import CharCnn, index_strings
+from targetlm.modules.char_cnn import CharCnn, index_strings
 
 
 def _sync(device: torch.device) -> None:

@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm.config import ComponentConfig, Config, DataConfig, ModelConfig, TrainConfig, validate
+from targetlm.builders import validate
+from targetlm.config import ComponentConfig, Config, DataConfig, ModelConfig, TrainConfig
 from targetlm.inference.evaluate import evaluate_stream
 from targetlm.modules import build_model
 from targetlm.objectives import build_objective

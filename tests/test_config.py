@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from targetlm import builders
 from targetlm import config as config_lib
 from targetlm.config import ComponentConfig, Config, apply_overrides, dumps, parse_value
+from targetlm.lexicon.lexicon import Lexicon
 from targetlm.registry import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -44,7 +47,7 @@ betas = [0.9, 0.98]
 """,
         encoding="utf-8",
     )
-    config = config_lib.load(path)
+    config = builders.load_config(path)
     assert config.data.name == "ptb" and config.data.batch_size == 8
     assert config.data.bptt == 35  # default kept
     assert config.model.encoder == ComponentConfig("lstm", {"hidden_size": 64})
@@ -56,16 +59,16 @@ betas = [0.9, 0.98]
 def test_empty_file_gives_the_defaults(tmp_path):
     path = tmp_path / "empty.toml"
     path.write_text("", encoding="utf-8")
-    assert config_lib.load(path) == Config()
+    assert builders.load_config(path) == Config()
 
 
 def test_missing_file_and_invalid_toml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        config_lib.load(tmp_path / "nope.toml")
+        builders.load_config(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("[train\nlr = 1\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        config_lib.load(bad)
+        builders.load_config(bad)
 
 
 def test_config_is_frozen():
@@ -76,21 +79,26 @@ def test_config_is_frozen():
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_loads_and_validates(path):
-    config = config_lib.load(path)
-    config_lib.validate(config)
+    config = builders.load_config(path)
+    builders.validate(config)  # idempotent: a checked config checks again
+    # the validated config builds (on the meta device, no WordNet) a model with weights
+    with torch.device("meta"):
+        model = builders.build_model(config.model, 8, lexicon=Lexicon())
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert builders.config_from_dict(config.to_dict()) == config
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_dumps_round_trips_every_preset(path):
-    config = config_lib.load(path)
+    config = builders.load_config(path)
     text = dumps(config)
-    assert config_lib.from_dict(tomllib.loads(text)) == config
+    assert builders.config_from_dict(tomllib.loads(text)) == config
     # and through a file, as in a run directory
-    assert dumps(config_lib.from_dict(tomllib.loads(text))) == text
+    assert dumps(builders.config_from_dict(tomllib.loads(text))) == text
 
 
 def test_dumps_round_trips_overridden_values(tmp_path):
-    config = config_lib.load(
+    config = builders.load_config(
         QUICKSTART,
         [
             'data.dir="/data/my corpus \\"v2\\""',
@@ -103,12 +111,12 @@ def test_dumps_round_trips_overridden_values(tmp_path):
     )
     path = tmp_path / "config.toml"
     path.write_text(dumps(config), encoding="utf-8")
-    assert config_lib.load(path) == config
+    assert builders.load_config(path) == config
 
 
 def test_dumps_round_trips_non_bmp_characters():
-    config = config_lib.load(QUICKSTART, ['data.dir="/data/\U0001f600"'])
-    assert config_lib.from_dict(tomllib.loads(dumps(config))) == config
+    config = builders.load_config(QUICKSTART, ['data.dir="/data/\U0001f600"'])
+    assert builders.config_from_dict(tomllib.loads(dumps(config))) == config
 
 
 # --- every mistake is one ConfigError naming the key ----------------------------------------
@@ -155,7 +163,7 @@ def test_dumps_round_trips_non_bmp_characters():
 )
 def test_mistakes_are_config_errors_naming_the_key(override, fragments):
     with pytest.raises(ConfigError) as info:
-        config_lib.load(QUICKSTART, [override])
+        builders.load_config(QUICKSTART, [override])
     message = str(info.value)
     for fragment in fragments:
         assert fragment in message, (fragment, message)
@@ -165,24 +173,24 @@ def test_unknown_key_in_a_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[train]\nlrr = 0.1\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"unknown key train\.lrr"):
-        config_lib.load(path)
+        builders.load_config(path)
 
 
 def test_component_without_kind(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("[model.encoder]\nhidden_size = 3\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"model\.encoder\.kind"):
-        config_lib.load(path)
+        builders.load_config(path)
 
 
 def test_synthetic_lexicon_size_is_validated():
     with pytest.raises(ConfigError, match="data.synthetic.nouns"):
-        config_lib.load(QUICKSTART, ["data.synthetic.nouns=3"])
+        builders.load_config(QUICKSTART, ["data.synthetic.nouns=3"])
 
 
 def test_negative_eval_segment_is_validated():
     with pytest.raises(ConfigError, match="eval.segment"):
-        config_lib.load(QUICKSTART, ["eval.segment=-1"])
+        builders.load_config(QUICKSTART, ["eval.segment=-1"])
 
 
 # --- --set overrides ------------------------------------------------------------------------
@@ -248,7 +256,7 @@ def test_override_through_a_value_is_an_error():
 
 
 def test_load_with_overrides_and_replace():
-    config = config_lib.load(
+    config = builders.load_config(
         QUICKSTART,
         [
             "train.lr=0.5",
@@ -271,4 +279,11 @@ def test_load_with_overrides_and_replace():
 def test_changing_the_component_kind_keeps_options_checked():
     # switching encoder kind keeps the LSTM options, which the Transformer does not accept
     with pytest.raises(ConfigError, match="model.encoder.hidden_size"):
-        config_lib.load(QUICKSTART, ['model.encoder.kind="transformer"'])
+        builders.load_config(QUICKSTART, ['model.encoder.kind="transformer"'])
+
+
+def test_configuration_is_plain_data():
+    """``targetlm.config`` checks values only; building components is ``targetlm.builders``."""
+    config = config_lib.load(QUICKSTART, ['model.encoder.kind="transformer"'])  # values are fine
+    with pytest.raises(ConfigError, match="model.encoder.hidden_size"):
+        builders.validate(config)

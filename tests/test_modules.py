@@ -10,7 +10,7 @@ from conftest import ENCODER_OPTIONS, model_config
 from targetlm import functional
 from targetlm.config import ComponentConfig
 from targetlm.data.batching import IGNORE
-from targetlm.modules import LockedDropout, LstmEncoder, TransformerEncoder, build_model
+from targetlm.modules import CausalTransformer, LockedDropout, LstmEncoder, build_model
 from targetlm.objectives import CrossEntropyObjective
 from targetlm.registry import ConfigError, Registry
 
@@ -81,8 +81,18 @@ def test_transformer_sliding_window_matches_explicit_windows():
         torch.testing.assert_close(streamed[:, t], direct[:, -1], atol=1e-5, rtol=1e-5)
 
 
+def test_the_transformer_is_a_causal_decoder_stack_registered_as_transformer():
+    from targetlm.modules import ENCODERS, Encoder, TransformerEncoder
+
+    assert ENCODERS.get("transformer") is CausalTransformer
+    assert TransformerEncoder is CausalTransformer  # the former name still works
+    encoder = CausalTransformer(input_size=8, num_layers=1, num_heads=2, ff_size=8, max_context=4)
+    assert isinstance(encoder, Encoder) and encoder.max_context == 4
+    assert LstmEncoder(input_size=8, hidden_size=8).max_context is None  # unbounded
+
+
 def test_transformer_rejects_segments_longer_than_its_context():
-    encoder = TransformerEncoder(input_size=8, num_layers=1, num_heads=2, ff_size=8, max_context=4)
+    encoder = CausalTransformer(input_size=8, num_layers=1, num_heads=2, ff_size=8, max_context=4)
     with pytest.raises(ValueError, match="max_context"):
         encoder(torch.zeros(1, 5, 8))
 
@@ -93,7 +103,7 @@ def test_transformer_block_equals_a_direct_computation(norm, activation):
     """pre: x + Attn(LN(x)), x + FF(LN(x)) and a final LN; post (Vaswani et al.): LN(x + Attn(x)),
     LN(x + FF(x)) and none; causal softmax attention written out with an explicit mask."""
     torch.manual_seed(0)
-    encoder = TransformerEncoder(
+    encoder = CausalTransformer(
         input_size=8,
         num_layers=1,
         num_heads=2,
@@ -130,9 +140,9 @@ def test_transformer_block_equals_a_direct_computation(norm, activation):
 
 def test_transformer_rejects_unknown_norm_and_activation():
     with pytest.raises(ValueError, match="norm"):
-        TransformerEncoder(input_size=8, num_heads=2, norm="sandwich")
+        CausalTransformer(input_size=8, num_heads=2, norm="sandwich")
     with pytest.raises(ValueError, match="activation"):
-        TransformerEncoder(input_size=8, num_heads=2, activation="swish")
+        CausalTransformer(input_size=8, num_heads=2, activation="swish")
 
 
 def test_tied_output_shares_the_input_embedding_and_counts_it_once():
@@ -267,3 +277,21 @@ def test_build_model_uses_component_configs():
     )
     model = build_model(config, V)
     assert model.encoder.output_size == 8 and len(model.encoder.layers) == 1
+
+
+def test_capabilities_are_declared_interfaces(output_kind):
+    """Callers ask ``isinstance(module, Capability)``; the compositional layers embed any
+    string, every layer built here ties to a lookup input that has a table."""
+    from targetlm.modules import (
+        EmbeddingTable,
+        HasTrainingCache,
+        OpenVocabularyEmbedding,
+        OpenVocabularyOutput,
+    )
+
+    model = _model("lstm", output_kind)
+    compositional = output_kind in ("char_cnn", "groc")
+    assert isinstance(model.output, OpenVocabularyOutput) == compositional
+    assert isinstance(model.output, HasTrainingCache) == compositional
+    assert isinstance(model.embedding, EmbeddingTable)
+    assert not isinstance(model.embedding, OpenVocabularyEmbedding)  # a lookup table

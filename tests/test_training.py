@@ -13,6 +13,7 @@ import torch
 from conftest import tiny_config
 
 from targetlm.config import TrainConfig
+from targetlm.runs import load_run
 from targetlm.training import LrSchedule, RunDirError, Trainer, TrainingDiverged, save_atomic
 from targetlm.training.checkpoint import CheckpointError, load
 
@@ -197,5 +198,10 @@ def test_save_atomic_never_leaves_half_a_file(tmp_path, monkeypatch):
 
 def test_checkpoints_load_with_weights_only(tmp_path):
     Trainer(tiny_config(**{"train.epochs": 1}), tmp_path / "run", log=_quiet).train()
+    _, _, model, _ = load_run(tmp_path / "run")  # the run's model, rebuilt from its config
+    expected = model.state_dict()
     for name in ("last.pt", "best.pt"):
-        torch.load(tmp_path / "run" / name, weights_only=True)
+        checkpoint = torch.load(tmp_path / "run" / name, weights_only=True)
+        assert checkpoint["model"].keys() == expected.keys(), name
+        for key, value in expected.items():
+            assert checkpoint["model"][key].shape == value.shape, (name, key)

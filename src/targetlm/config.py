@@ -10,9 +10,10 @@ A config file has four tables::
     [train]      optimiser, schedule, budget        -> TrainConfig
     [eval]       evaluation batching                -> EvalConfig
 
-Component options are checked against the registered constructor's signature
-(``targetlm.registry``), so new components bring their own options without
-touching this file.
+Configuration is plain data: this module imports no model code and checks values only.
+Component options are checked against the registered constructor's signature by
+:func:`targetlm.builders.validate` (the CLI and the trainer call it), so new components
+bring their own options without touching this file.
 """
 
 from __future__ import annotations
@@ -233,27 +234,11 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def validate(config: Config) -> None:
-    """Check values and every component's options before any work starts."""
-    import torch
+    """Check the values of ``config`` (plain data: no component is built here).
 
-    from targetlm.lexicon import Lexicon
-    from targetlm.modules import build_model
-    from targetlm.objectives import build_objective
-
-    # Build once on the meta device (no memory, no compute): every option's name,
-    # type and value is checked by the constructors themselves. An empty lexicon: GroC's
-    # options are checked without WordNet, which is only read when the model is really built.
-    with torch.device("meta"):
-        model = build_model(config.model, 8, lexicon=Lexicon())
-        build_objective(config.objective, model)
-    from targetlm.tasks import TASKS
-
-    TASKS.build(config.task.kind, config.task.options, "task")
-    context = getattr(model.encoder, "max_context", None)
-    if context is not None:
-        for key, value in (("data.bptt", config.data.bptt), ("eval.segment", config.eval.segment)):
-            if value > context:
-                raise ConfigError(f"{key}: {value} exceeds model.encoder.max_context = {context}")
+    The checks that need a component built (its options, the tokenizer, the task, a
+    Transformer's context) are :func:`targetlm.builders.validate`, which calls this first.
+    """
     positive = {
         "data.batch_size": config.data.batch_size,
         "data.bptt": config.data.bptt,
@@ -283,29 +268,19 @@ def validate(config: Config) -> None:
     _validate_data(config.data)
     if config.eval.segment < 0:
         raise ConfigError("eval.segment: must be >= 0 (0: data.bptt)")
-    from targetlm.data.synthetic import NUM_CLASSES
-
-    for key in ("nouns", "verbs", "adjectives"):
-        if getattr(config.data.synthetic, key) < NUM_CLASSES:
-            raise ConfigError(
-                f"data.synthetic.{key}: must be >= {NUM_CLASSES} (one per semantic class)"
-            )
     for key in ("train_sentences", "valid_sentences", "test_sentences"):
         if getattr(config.data.synthetic, key) < 1:
             raise ConfigError(f"data.synthetic.{key}: must be >= 1")
 
 
 def _validate_data(data: DataConfig) -> None:
-    """The data options: the tokenizer's (built, untrained) and the text dataset's directory."""
-    from targetlm.data.tokenizers import build_tokenizer
-
+    """The data values; the tokenizer is checked by :func:`targetlm.builders.validate`."""
     if data.train_tokens < 0:
         raise ConfigError("data.train_tokens: must be >= 0 (0: the whole split)")
     if data.name == "text" and not data.dir:
         raise ConfigError(
             "data.dir: data.name = 'text' reads your own files; set data.dir to their directory"
         )
-    build_tokenizer(data)
 
 
 def parse_value(text: str) -> Any:

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import torch
 
+from targetlm import builders
 from targetlm import config as config_lib
+from targetlm.checkpoint import CheckpointError, load
 from targetlm.config import Config
 from targetlm.data.tokenizers import TOKENIZER_FILE, load_tokenizer
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel, build_model
-from targetlm.training.checkpoint import CheckpointError, load
 
 CONFIG, VOCAB, METRICS, LAST, BEST, RESULTS, REPORT = (
     "config.toml",
@@ -76,7 +77,9 @@ def load_run(
     ``tokenizer`` is the run's (``tokenizer.json`` for BPE / unigram, checked against it).
     """
     checkpoint, vocab, path = read_best(run_dir)
-    config = config_lib.from_dict(config_lib.apply_overrides(checkpoint["config"], list(overrides)))
+    config = builders.config_from_dict(
+        config_lib.apply_overrides(checkpoint["config"], list(overrides))
+    )
     vocab.tokenizer = load_tokenizer(config.data, Path(run_dir), vocab)
     device = available_device(config.train.device)
     if str(device) != config.train.device:

@@ -27,8 +27,8 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from targetlm.config import DataConfig
 from targetlm.data.synthetic import SyntheticLanguage
 from targetlm.data.tokenizers import build_tokenizer
 from targetlm.data.vocab import (
@@ -40,6 +40,9 @@ from targetlm.data.vocab import (
     read_text,
     tokens_from_lines,
 )
+
+if TYPE_CHECKING:
+    from targetlm.config import DataConfig
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from targetlm.data.vocab import EOS, Vocabulary
 from targetlm.inference.combiners import Combiners, ScoringContext, build_combiners
 from targetlm.inference.evaluate import evaluate_ids, perplexity
+from targetlm.modules.interfaces import OpenVocabularyEmbedding, OpenVocabularyOutput
 from targetlm.modules.model import LanguageModel
+
+if TYPE_CHECKING:
+    from targetlm.lexicon.lexicon import Lexicon
 
 __all__ = ["Combiners", "TokenScores", "score_streams", "score_text"]
 
@@ -122,14 +126,16 @@ def score_streams(
     known = len(vocab)
     new_words = len(eval_words) - known
     embedding = None
-    if new_words and hasattr(model.embedding, "for_words"):  # the input side reads them too
+    if new_words and isinstance(
+        model.embedding, OpenVocabularyEmbedding
+    ):  # the input side reads them too
         grounding = _grounding(model.embedding, eval_words[known:], lexicon)
         embedding = model.embedding.for_words(eval_words, grounding)
         input_ids = target_ids  # ids of V_eval
     else:
         input_ids = target_ids.masked_fill(target_ids >= known, unk)
     weight, bias = model.output()
-    compositional = open_vocabulary and hasattr(model.output, "embed_words")
+    compositional = open_vocabulary and isinstance(model.output, OpenVocabularyOutput)
     if compositional and new_words:
         grounding = _grounding(model.output, eval_words[known:], lexicon)
         weight, bias = model.output.embed_words(eval_words, grounding)
@@ -160,11 +166,15 @@ def score_streams(
     return [TokenScores(r.log_probs, is_new, list(tokens)) for r in results]
 
 
-def _grounding(layer: Any, new_words: list[str], lexicon: Any) -> Any:
+def _grounding(
+    layer: OpenVocabularyOutput | OpenVocabularyEmbedding,
+    new_words: list[str],
+    lexicon: Lexicon | None,
+) -> Lexicon | None:
     """The lexicon a GroC layer grounds ``V_eval`` in: ``lexicon`` when given, else the layer's
     own (which only knows the training words) merged with WordNet's entries for the new
     words; None for a layer without a lexicon (char-CNN, or relations and definitions off)."""
-    own = getattr(layer, "lexicon", None)
+    own = layer.lexicon
     if lexicon is not None or own is None:
         return lexicon
     from targetlm.lexicon import load_lexicon

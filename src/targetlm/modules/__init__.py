@@ -1,15 +1,25 @@
 """Model pipeline: input embeddings, encoders, output layers and the model that wires them."""
 
-from targetlm.modules.compositional import (
-    CharCnn,
-    CharCnnOutput,
-    GrocEmbedding,
-    GrocOutput,
-    GroundedEncoder,
-)
+from targetlm.modules.char_cnn import CharCnn, StringIndex, index_strings
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS, LookupEmbedding
-from targetlm.modules.encoders import ENCODERS, LockedDropout, LstmEncoder, TransformerEncoder
+from targetlm.modules.encoders import (
+    ENCODERS,
+    CausalTransformer,
+    Encoder,
+    LockedDropout,
+    LstmEncoder,
+    TransformerEncoder,
+)
+from targetlm.modules.groc_embedding import GrocEmbedding
+from targetlm.modules.groc_output import CharCnnOutput, CompositionalOutput, GrocOutput
+from targetlm.modules.grounded import GroundedEncoder
 from targetlm.modules.heads import HEADS, NgramHeads, SimpleHeads, WdrHeads, build_heads
+from targetlm.modules.interfaces import (
+    EmbeddingTable,
+    HasTrainingCache,
+    OpenVocabularyEmbedding,
+    OpenVocabularyOutput,
+)
 from targetlm.modules.model import (
     LanguageModel,
     Prediction,
@@ -31,14 +41,22 @@ from targetlm.modules.outputs import (
 __all__ = [
     "AdaptiveOutput",
     "BilinearOutput",
+    "CausalTransformer",
     "CharCnn",
     "CharCnnOutput",
+    "CompositionalOutput",
     "DeepResidualOutput",
     "GrocEmbedding",
     "GrocOutput",
     "GroundedEncoder",
     "ResidualNetwork",
+    "StringIndex",
     "ENCODERS",
+    "EmbeddingTable",
+    "HasTrainingCache",
+    "OpenVocabularyEmbedding",
+    "OpenVocabularyOutput",
+    "Encoder",
     "HEADS",
     "INPUT_EMBEDDINGS",
     "OUTPUT_LAYERS",
@@ -56,6 +74,7 @@ __all__ = [
     "WdrHeads",
     "build_heads",
     "build_model",
+    "index_strings",
     "detach_state",
     "state_to_list",
 ]

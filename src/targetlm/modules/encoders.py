@@ -20,6 +20,21 @@ from targetlm.registry import Registry
 ENCODERS: Registry[nn.Module] = Registry("encoder", context=("input_size",))
 
 
+class Encoder(nn.Module):
+    """Base of every registered encoder: ``forward(x, state) -> (hidden, state)``.
+
+    ``x`` (B, T, input_size) -> ``hidden`` (B, T, output_size). Declared capabilities:
+
+    Attributes:
+        output_size: width of ``hidden``.
+        max_context: the longest window of tokens the encoder sees (a segment may not be
+            longer); ``None`` when unbounded (a recurrent state carries the whole past).
+    """
+
+    output_size: int
+    max_context: int | None = None
+
+
 class LockedDropout(nn.Module):
     """Variational dropout (Gal & Ghahramani 2016): one mask per sequence, shared over time.
 
@@ -44,7 +59,7 @@ LstmState = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (h, c), each (1
 
 
 @ENCODERS.register("lstm")
-class LstmEncoder(nn.Module):
+class LstmEncoder(Encoder):
     """Stacked LSTM with the regularisers of Zaremba et al., Gal & Ghahramani and AWD-LSTM.
 
     Args:
@@ -204,8 +219,10 @@ FEEDFORWARD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
 @ENCODERS.register("transformer")
-class TransformerEncoder(nn.Module):
+class CausalTransformer(Encoder):
     """Causal Transformer decoder stack (no cross-attention), pre-LN or post-LN.
+
+    Registered as ``transformer``; ``TransformerEncoder`` is its former name (an alias).
 
     The state is the last ``max_context - 1`` inputs (B, P, input_size), detached:
     given a segment of T tokens, each is encoded with the window of the
@@ -281,6 +298,9 @@ class TransformerEncoder(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.norm(h[:, length - segment :]), new_state  # (B, T, d)
+
+
+TransformerEncoder = CausalTransformer  # the former name: it is a decoder stack, not an encoder
 
 
 class TransformerBlock(nn.Module):

@@ -22,14 +22,16 @@ y_{t−n}..y_{t−1}, which are inputs t−n+1..t: words already read (no future
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
 from targetlm import functional
-from targetlm.config import ComponentConfig
 from targetlm.registry import ConfigError, Registry
+
+if TYPE_CHECKING:
+    from targetlm.config import ComponentConfig
 
 HEADS: Registry[nn.Module] = Registry("heads", context=("embedding_dim",))
 

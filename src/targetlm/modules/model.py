@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm.config import ModelConfig
 from targetlm.lexicon.lexicon import Lexicon
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS
 from targetlm.modules.encoders import ENCODERS
 from targetlm.modules.heads import NgramHeads, build_heads
 from targetlm.modules.outputs import OUTPUT_LAYERS, OutputLayer
+
+if TYPE_CHECKING:
+    from targetlm.config import ModelConfig
 
 
 class Prediction(NamedTuple):

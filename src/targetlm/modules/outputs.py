@@ -3,7 +3,7 @@
 Every objective and combiner works with ``logits = x̂ · E_outᵀ + b``, so an output
 layer only has to say what ``E_out`` and ``b`` are. ``forward()`` returns them for
 the vocabulary the layer was built with; compositional layers (``char_cnn``, ``groc``
-in :mod:`targetlm.modules.compositional`) also embed any list of strings with
+in :mod:`targetlm.modules.groc_output`) also embed any list of strings with
 ``embed_words(words)``.
 """
 
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from targetlm.modules.interfaces import EmbeddingTable
 from targetlm.registry import Registry
 
 # builders supply: the vocabulary size and its word strings, the encoder's output size,
@@ -71,7 +72,7 @@ class TiedOutput(OutputLayer):
 
     def __init__(self, embedding: nn.Module, vocab_size: int, bias: bool = True) -> None:
         super().__init__()
-        if not hasattr(embedding, "table"):
+        if not isinstance(embedding, EmbeddingTable):
             raise ValueError(f"cannot tie to a {type(embedding).__name__}: it has no table()")
         self.embedding = [embedding]  # a list so the shared weight is owned (and counted) once
         self.embedding_dim = embedding.size

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from targetlm import functional
-from targetlm.config import ComponentConfig
 from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.objectives.base import OBJECTIVES, LossOutput
 from targetlm.registry import ConfigError
+
+if TYPE_CHECKING:
+    from targetlm.config import ComponentConfig
 
 NGRAM_ALPHA = "ngram_alpha"  # the [objective] key of α (the wrapped objective never sees it)
 

@@ -1,6 +1,6 @@
 """Training: the loop, optimisers and schedules, checkpoints with exact resume."""
 
-from targetlm.training.checkpoint import CheckpointError, save_atomic
+from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.training.optim import LrSchedule, build_optimizer
 from targetlm.training.trainer import RunDirError, Trainer, TrainingDiverged, train
 

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from targetlm import runs  # a module reference: runs imports targetlm.training too
+from targetlm.checkpoint import CheckpointError
 from targetlm.data.tokenizers import TOKENIZERS
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
-from targetlm.training.checkpoint import CheckpointError
 
 
 def source_of(run_dir: str) -> tuple[dict[str, torch.Tensor], Vocabulary, str]:

@@ -7,10 +7,12 @@ exactly the learning rate (and plateau bookkeeping) it stopped with.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from targetlm.config import TrainConfig
+if TYPE_CHECKING:
+    from targetlm.config import TrainConfig
 
 
 def build_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:

@@ -21,18 +21,19 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from targetlm import builders, runs
 from targetlm import config as config_lib
-from targetlm import runs
+from targetlm.checkpoint import CheckpointError, save_atomic
+from targetlm.checkpoint import load as load_checkpoint
 from targetlm.config import Config
 from targetlm.data import Vocabulary, load_corpus, with_context_token
 from targetlm.inference.evaluate import evaluate_stream, perplexity
+from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
 from targetlm.registry import ConfigError
 from targetlm.tasks import TASKS, Batch, Task
 from targetlm.training import finetune
-from targetlm.training.checkpoint import CheckpointError, save_atomic
-from targetlm.training.checkpoint import load as load_checkpoint
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
 
 # keys a resumed run may change: the budget and cosmetics, never the model or the data
@@ -75,6 +76,7 @@ class Trainer:
         resume: bool = False,
         log: Callable[[str], None] = print,
     ) -> None:
+        builders.validate(config)  # every component's options, before any work starts
         self.config = config
         self.run_dir = Path(run_dir)
         self.resume = resume
@@ -215,7 +217,7 @@ class Trainer:
 
     def _cached_modules(self) -> list[tuple[str, nn.Module]]:
         """Modules with training-time state outside their state_dict (``training_cache()``)."""
-        return [(n, m) for n, m in self.model.named_modules() if hasattr(m, "training_cache")]
+        return [(n, m) for n, m in self.model.named_modules() if isinstance(m, HasTrainingCache)]
 
     def _save_best(self, valid_ppl: float) -> None:
         save_atomic(

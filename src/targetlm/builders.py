@@ -1,0 +1,72 @@
+"""Builders: the one place that reads a config and wires components from the registries.
+
+``targetlm.config`` is plain data (it imports no model code) and checks only values; the
+checks that need a component built (its options against its constructor, the tokenizer, the
+task, a Transformer's context) live here and run before any work starts: the CLI and the
+trainer call :func:`validate` (or load through :func:`load_config` / :func:`config_from_dict`).
+Every mistake is one :class:`~targetlm.registry.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from targetlm import config as config_lib
+from targetlm.config import Config, DataConfig
+from targetlm.data.synthetic import NUM_CLASSES
+from targetlm.data.tokenizers import build_tokenizer
+from targetlm.lexicon.lexicon import Lexicon
+from targetlm.modules.encoders import Encoder
+from targetlm.modules.model import LanguageModel, build_model
+from targetlm.objectives import build_objective
+from targetlm.registry import ConfigError
+from targetlm.tasks import TASKS
+
+__all__ = ["build_model", "build_objective", "config_from_dict", "load_config", "validate"]
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+    """Read a TOML config, apply ``--set`` overrides, and check values and components."""
+    config = config_lib.load(path, overrides)
+    validate(config)
+    return config
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """A checked :class:`Config` from a TOML-shaped dict (e.g. a checkpoint's ``config``)."""
+    config = config_lib.from_dict(data)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Check every component's options (and the values of ``config``) before any work starts.
+
+    The model and objective are built once on the meta device (no memory, no compute), so
+    every option's name, type and value is checked by the constructors themselves. An empty
+    lexicon: GroC's options are checked without WordNet, read only when really built.
+    """
+    config_lib.validate(config)
+    with torch.device("meta"):
+        model: LanguageModel = build_model(config.model, 8, lexicon=Lexicon())
+        build_objective(config.objective, model)
+    TASKS.build(config.task.kind, config.task.options, "task")
+    context = model.encoder.max_context if isinstance(model.encoder, Encoder) else None
+    if context is not None:
+        for key, value in (("data.bptt", config.data.bptt), ("eval.segment", config.eval.segment)):
+            if value > context:
+                raise ConfigError(f"{key}: {value} exceeds model.encoder.max_context = {context}")
+    _validate_data(config.data)
+
+
+def _validate_data(data: DataConfig) -> None:
+    """The tokenizer (built, untrained) and the synthetic language's sizes."""
+    build_tokenizer(data)
+    for key in ("nouns", "verbs", "adjectives"):
+        if getattr(data.synthetic, key) < NUM_CLASSES:
+            raise ConfigError(
+                f"data.synthetic.{key}: must be >= {NUM_CLASSES} (one per semantic class)"
+            )

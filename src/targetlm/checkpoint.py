@@ -1,0 +1,50 @@
+"""Checkpoints: plain state dicts, written atomically, loaded with ``weights_only=True``.
+
+Outside the training package so that a checkpoint is readable without it (``runs``,
+``eval``, ``generate``); ``targetlm.training.checkpoint`` re-exports these names.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or does not fit the model/vocabulary."""
+
+
+def save_atomic(obj: Any, path: str | Path) -> None:
+    """Write ``obj`` with ``torch.save`` to a temporary file, fsync, then rename over ``path``.
+
+    A crash or Ctrl-C at any moment leaves either the old file or the new one, never half of one.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """The checkpoint at ``path`` (a dict of tensors and plain values), on the CPU.
+
+    Raises :class:`CheckpointError` (one line) when it is missing or unreadable.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # unpickling errors come in many types
+        raise CheckpointError(f"{path}: unreadable checkpoint ({error})") from None

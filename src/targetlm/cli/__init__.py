@@ -1,0 +1,58 @@
+"""The ``targetlm`` command line.
+
+    targetlm train CONFIG [--set key=value ...] [--run-dir DIR] [--resume]
+    targetlm finetune RUN_DIR --run-dir NEW_DIR [--set key=value ...] [--resume]
+    targetlm eval RUN_DIR [--split valid|test | --file PATH] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
+                  [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
+                  [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
+    targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--ensemble-lambda L,...] [scoring options]
+    targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+    targetlm describe CONFIG [--set key=value ...] [--json]
+    targetlm data info|download NAME
+    targetlm lexicon stats --data NAME [--dir DIR] [--drop F --seed S] [--json]
+    targetlm analyze subspace --out DIR [--config C] [--set ...] [--betas ...] [--taus ...]
+    targetlm analyze word-probs RUN_DIR [RUN_DIR ...] [--words W,W,...] [--split test]
+    targetlm analyze tsne RUN_DIR --out PNG [--levels 0,1,2] [--tokens M] [--split test]
+    targetlm analyze freq-bins RUN_A RUN_B --out PNG [--split test] [--set ...] [--json] [scoring options]
+
+Every expected failure (bad config, missing data, unusable checkpoint or run
+directory, diverged training) is one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from targetlm.checkpoint import CheckpointError
+from targetlm.cli import analyze, data, describe, finetune, generate, lexicon, score, train
+from targetlm.cli import eval as eval_command
+from targetlm.data import DataError
+from targetlm.registry import ConfigError
+from targetlm.training.trainer import RunDirError, TrainingDiverged
+
+EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, RunDirError, TrainingDiverged)
+COMMANDS = (train, finetune, eval_command, score, generate, describe, analyze, lexicon, data)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``targetlm`` parser: one subcommand per module of this package."""
+    parser = argparse.ArgumentParser(prog="targetlm", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``targetlm`` on ``argv`` (default ``sys.argv[1:]``); returns the exit status
+    (2: an expected error, printed as one line on stderr; 3: training diverged)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EXPECTED_ERRORS as error:
+        print(f"targetlm: error: {error}", file=sys.stderr)
+        return 3 if isinstance(error, TrainingDiverged) else 2
+    except OSError as error:
+        print(f"targetlm: error: {error}", file=sys.stderr)
+        return 2

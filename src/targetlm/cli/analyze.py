@@ -1,0 +1,200 @@
+"""``targetlm analyze ...``: analyses that train and compare several models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from targetlm import builders
+from targetlm.cli.common import (
+    add_scoring_options,
+    combiners_from_args,
+    eval_overrides,
+    floats,
+    run_tokens,
+    score,
+    settings,
+)
+from targetlm.data import (
+    DataError,
+    with_context_token,
+)
+from targetlm.inference.scoring import Combiners
+from targetlm.registry import ConfigError
+from targetlm.training.trainer import RunDirError
+
+
+def subspace(args: argparse.Namespace) -> int:
+    """Run ``targetlm analyze subspace``; returns the exit status."""
+    from targetlm.analysis.subspace import run_subspace_analysis, sweep
+
+    config = builders.load_config(args.config, args.set)
+    out_dir = Path(args.out)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise RunDirError(
+            f"output directory {out_dir} exists and is not empty; choose another --out"
+        )
+    rows = run_subspace_analysis(
+        config,
+        out_dir,
+        sweep(args.betas, args.taus, args.beta_tau),
+        log=lambda m: print(m, flush=True),
+    )
+    print((out_dir / "subspace.md").read_text(encoding="utf-8"), end="")
+    return 0 if rows else 1
+
+
+def word_probs(args: argparse.Namespace) -> int:
+    """Run ``targetlm analyze word-probs``; returns the exit status."""
+    from targetlm.analysis.word_probs import mean_word_probabilities
+    from targetlm.runs import load_run
+
+    rows = []
+    for run_dir in args.run_dirs:
+        config, vocab, model, _ = load_run(run_dir, args.set)
+        missing = [w for w in args.words if w not in vocab]
+        if missing:
+            raise DataError(f"{run_dir}: not in the vocabulary: {', '.join(missing)}")
+        tokens = run_tokens(config, vocab, getattr(config.data, args.split))
+        ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
+        segment = config.eval.segment or config.data.bptt
+        result = mean_word_probabilities(
+            model, ids, [vocab.stoi[w] for w in args.words], config.eval.batch_size, segment
+        )
+        rows.append((str(run_dir), result))
+    if args.json:
+        print(json.dumps({run: dict(zip(args.words, r["mean_prob"])) for run, r in rows}))
+        return 0
+    print(f"mean predicted probability on the {args.split} split (frequency in the text)")
+    print(
+        f"{'word':<10}"
+        + "".join(f"{Path(run).name[-22:]:>24}" for run, _ in rows)
+        + f"{'frequency':>12}"
+    )
+    for i, word in enumerate(args.words):
+        cells = "".join(f"{r['mean_prob'][i]:>24.4f}" for _, r in rows)
+        print(f"{word:<10}{cells}{rows[0][1]['frequency'][i]:>12.4f}")
+    return 0
+
+
+def tsne(args: argparse.Namespace) -> int:
+    """Run ``targetlm analyze tsne``; returns the exit status."""
+    from targetlm.analysis.tsne import plot_tsne, target_tsne
+    from targetlm.runs import load_run
+
+    config, vocab, model, _ = load_run(args.run_dir, args.set)
+    levels = [int(n) for n in args.levels]
+    if any(n < 0 for n in levels) or args.tokens <= max(levels, default=0) + 1:
+        raise ConfigError("--levels must be >= 0 and --tokens larger than the highest level + 1")
+    ids = vocab.encode(run_tokens(config, vocab, getattr(config.data, args.split)))[: args.tokens]
+    weight, _ = model.output()
+    points = target_tsne(weight, ids, levels, seed=args.seed)
+    plot_tsne(
+        points, args.out, f"{Path(args.run_dir).name}: targets of {len(ids)} {args.split} words"
+    )
+    print(f"wrote {args.out} ({', '.join(f'level {n}: {len(p)}' for n, p in points.items())})")
+    return 0
+
+
+def freq_bins(args: argparse.Namespace) -> int:
+    """Run ``targetlm analyze freq-bins``; returns the exit status."""
+    from targetlm.analysis.frequency import frequency_bin_table, plot_frequency_bins
+    from targetlm.runs import load_run
+
+    combiners = combiners_from_args(args) or Combiners()
+    overrides = eval_overrides(args)
+    config, vocab, model_a, _ = load_run(args.run_a, overrides)
+    config_b, vocab_b, model_b, _ = load_run(args.run_b, overrides)
+    if vocab_b != vocab or vocab_b.counts != vocab.counts:
+        raise DataError(
+            f"{args.run_a} and {args.run_b} were not trained on the same data (their "
+            "vocabularies differ): the frequency bins need one training count per word"
+        )
+    split = getattr(config.data, args.split)
+    tokens = run_tokens(config, vocab, split)  # the same text for both runs
+    first = score(model_a, vocab, config, tokens, args.open_vocab, combiners)
+    second = score(model_b, vocab, config_b, tokens, args.open_vocab, combiners)
+    rows = frequency_bin_table(first, second, dict(zip(vocab.itos, vocab.counts)))
+    name_a, name_b = Path(args.run_a).name, Path(args.run_b).name
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plot_frequency_bins(rows, args.out, f"loss({name_a}) − loss({name_b}), {split}")
+    if args.json:
+        result = {
+            "run_a": str(args.run_a),
+            "run_b": str(args.run_b),
+            **settings(config, args, combiners, split),
+            "summary": {"a": first.summary(), "b": second.summary()},
+            "bins": rows,
+            "plot": str(args.out),
+        }
+        print(json.dumps(result))
+        return 0
+    print(
+        f"median per-token loss difference loss({name_a}) − loss({name_b}) in nats by training "
+        f"frequency ({split}; negative: {name_a} is better)"
+    )
+    print(f"{'bin':<14}{'tokens':>10}{'median':>12}")
+    for row in rows:
+        median = row["median_loss_difference"]
+        print(
+            f"{row['bin']:<14}{row['tokens']:>10,}{'-' if median is None else f'{median:.4f}':>12}"
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``targetlm analyze`` to the subcommands ``sub``."""
+    p = sub.add_parser("analyze", help="analyses that train and compare several models")
+    analyses = p.add_subparsers(dest="analysis", required=True)
+    a = analyses.add_parser(
+        "subspace", help="Inan et al. Fig. 1: input/output embedding subspace distance"
+    )
+    a.add_argument("--config", default="configs/inan-subspace-ptb.toml")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--out", required=True, help="directory for the runs, table and plot")
+    a.add_argument("--betas", type=floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
+    a.add_argument("--taus", type=floats, default=[2.0, 5.0, 10.0, 20.0])
+    a.add_argument("--beta-tau", type=float, default=10.0, help="τ of the β sweep")
+    a.set_defaults(func=subspace)
+
+    a = analyses.add_parser(
+        "word-probs", help="mean predicted probability of chosen words (Inan et al.)"
+    )
+    a.add_argument("run_dirs", nargs="+", type=Path)
+    a.add_argument(
+        "--words",
+        type=lambda t: t.split(","),
+        default=["<unk>", "the", "of", "a", "and", "to", "in"],
+    )
+    a.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=word_probs)
+
+    a = analyses.add_parser(
+        "tsne", help="t-SNE of target embeddings and their n-level WDRs (Heo et al.)"
+    )
+    a.add_argument("run_dir", type=Path)
+    a.add_argument("--out", type=Path, required=True, help="the plot (PNG)")
+    a.add_argument("--levels", type=floats, default=[0.0, 1.0, 2.0], help="WDR levels n")
+    a.add_argument("--tokens", type=int, default=1000, help="target words from the split")
+    a.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.set_defaults(func=tsne)
+
+    a = analyses.add_parser(
+        "freq-bins",
+        help="Pappas et al. Fig. 3: median per-token loss difference of two runs by training "
+        "frequency",
+    )
+    a.add_argument("run_a", type=Path, help="the first run (its vocabulary gives the counts)")
+    a.add_argument("run_b", type=Path, help="the second run, trained on the same data")
+    a.add_argument("--out", type=Path, required=True, help="the plot (PNG)")
+    a.add_argument("--split", choices=["train", "valid", "test"], default="test")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    a.add_argument("--json", action="store_true")
+    add_scoring_options(a)
+    a.set_defaults(func=freq_bins)

@@ -1,0 +1,203 @@
+"""What several commands share: the scoring/combiner options of ``eval``, ``score`` and
+``analyze freq-bins``, and reading a run's split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from targetlm import config as config_lib
+from targetlm.data import (
+    Vocabulary,
+    read_lines,
+)
+from targetlm.inference.scoring import Combiners, TokenScores
+from targetlm.modules.interfaces import OpenVocabularyOutput
+from targetlm.registry import ConfigError
+
+if TYPE_CHECKING:
+    from targetlm.modules.model import LanguageModel
+
+
+def check_combiners(
+    args: argparse.Namespace, config: config_lib.Config, model: LanguageModel
+) -> None:
+    """One clear error for a combiner that cannot apply to this run (before anything runs)."""
+    if args.ensemble_lambda and model.num_heads < 1:
+        raise ConfigError(
+            f"--ensemble-lambda: {args.run_dir} has no N-gram heads (model.heads.kind = "
+            f"{config.model.heads.kind!r}, needs n >= 2)"
+        )
+    if any(not 0 <= lam <= 1 for lam in args.ensemble_lambda):
+        raise ConfigError(
+            f"--ensemble-lambda: every λ must be in [0, 1], got {args.ensemble_lambda}"
+        )
+    if args.open_vocab and config.data.tokenizer != "whitespace":
+        raise ConfigError(
+            f"--open-vocab: a {config.data.tokenizer} tokenizer reads any text with its own "
+            "symbols, so there are no new words to add"
+        )
+
+
+SCORING_OPTIONS = (
+    "uniform_weight",
+    "new_word_weight",
+    "unigram_cache",
+    "neural_cache",
+    "neural_theta",
+    "neural_window",
+)
+
+
+def combiners_from_args(args: argparse.Namespace) -> Combiners | None:
+    """The scoring options as :class:`Combiners`; None when none is given (plain evaluation)."""
+    given = {k: getattr(args, k) for k in SCORING_OPTIONS if getattr(args, k) is not None}
+    if not given and not args.open_vocab:
+        return None
+    if {"neural_theta", "neural_window"} & given.keys() and not args.neural_cache:
+        raise ConfigError("--neural-theta and --neural-window need --neural-cache LAMBDA > 0")
+    if "new_word_weight" in given and not args.open_vocab:
+        raise ConfigError(
+            "--new-word-weight needs --open-vocab (a closed vocabulary has no new words)"
+        )
+    if given.get("neural_window", 1) < 1:
+        raise ConfigError(f"--neural-window: must be >= 1, got {args.neural_window}")
+    try:
+        return Combiners(**given)
+    except ValueError as error:  # "unigram_cache must be in [0, 1), got 1.5"
+        raise ConfigError(f"--{str(error).split()[0].replace('_', '-')}: {error}") from None
+
+
+def eval_overrides(args: argparse.Namespace) -> list[str]:
+    return [*args.set, *(["data.lowercase=true"] if args.lowercase else [])]
+
+
+def score(
+    model: LanguageModel,
+    vocab: Vocabulary,
+    config: config_lib.Config,
+    tokens: list[str],
+    open_vocab: bool,
+    combiners: Combiners,
+) -> TokenScores:
+    """Per-token scores of ``tokens`` (``score_text``) with the run's evaluation batching."""
+    return score_streams(model, vocab, config, tokens, open_vocab, combiners)[0]
+
+
+def score_streams(
+    model: LanguageModel,
+    vocab: Vocabulary,
+    config: config_lib.Config,
+    tokens: list[str],
+    open_vocab: bool,
+    combiners: Combiners,
+) -> list[TokenScores]:
+    """Per-token scores of the main head and of each ensemble λ (``score_streams``, one pass)
+    with the run's evaluation batching."""
+    from targetlm.inference.scoring import score_streams
+
+    if (
+        combiners.uniform_weight is not None
+        and open_vocab
+        and isinstance(model.output, OpenVocabularyOutput)
+    ):
+        raise ConfigError(
+            f"--uniform-weight: the output layer ({config.model.output.kind}) is compositional: "
+            "it scores new words itself and is never mixed with the uniform distribution"
+        )
+    return score_streams(
+        model,
+        vocab,
+        tokens,
+        open_vocabulary=open_vocab,
+        combiners=combiners,
+        batch_size=config.eval.batch_size,
+        segment=config.eval.segment or config.data.bptt,
+        device=config.train.device,
+    )
+
+
+def settings(
+    config: config_lib.Config,
+    args: argparse.Namespace,
+    combiners: Combiners,
+    split: str | None = None,
+) -> dict:
+    """What an open-vocabulary / cache evaluation used (``uniform_weight`` None: score_text's
+    default, 0.01 for a closed output layer when the text has new words)."""
+    return {
+        "split": args.split,
+        "file": split,
+        "data": config.data.name,
+        "tokenizer": config.data.tokenizer,
+        "lowercase": config.data.lowercase,
+        "open_vocab": args.open_vocab,
+        **dataclasses.asdict(combiners),
+        "batch_size": config.eval.batch_size,
+        "segment": config.eval.segment or config.data.bptt,
+    }
+
+
+def run_tokens(config: config_lib.Config, vocab: Vocabulary, split: str) -> Sequence[str]:
+    """The tokens of a split of a run's data, read with the run's tokenizer."""
+    return vocab.tokenizer.tokenize(read_lines(config.data, split))
+
+
+def floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+
+
+def add_scoring_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group(
+        "open-vocabulary scoring and caches (Pappas et al. 2020); all but --lowercase "
+        "switch to per-token scoring"
+    )
+    group.add_argument(
+        "--open-vocab",
+        action="store_true",
+        help="score the text's new words too (V_train ∪ V_text)",
+    )
+    group.add_argument(
+        "--uniform-weight",
+        type=float,
+        metavar="MU",
+        help="μ of the uniform mixture of a closed output layer "
+        "(default: 0.01 when the text has new words)",
+    )
+    group.add_argument(
+        "--new-word-weight",
+        type=float,
+        metavar="OMEGA",
+        help="ω in (0, 1] of the new-word down-weighting (default 1: off)",
+    )
+    group.add_argument(
+        "--unigram-cache", type=float, metavar="LAMBDA", help="λ of the unigram cache"
+    )
+    group.add_argument(
+        "--neural-cache", type=float, metavar="LAMBDA", help="λ of the neural cache (Grave et al.)"
+    )
+    group.add_argument(
+        "--neural-theta",
+        type=float,
+        metavar="THETA",
+        help=f"θ of the neural cache (default {Combiners.neural_theta})",
+    )
+    group.add_argument(
+        "--neural-window",
+        type=int,
+        metavar="N",
+        help=f"positions the neural cache remembers (default {Combiners.neural_window})",
+    )
+    group.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="lower-case the evaluation text (data.lowercase = true), e.g. Brown for a PTB model",
+    )

@@ -1,0 +1,148 @@
+"""``targetlm eval RUN_DIR``: perplexity of a trained run on a split or a text file."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from targetlm.cli.common import (
+    add_scoring_options,
+    check_combiners,
+    combiners_from_args,
+    eval_overrides,
+    floats,
+    score_streams,
+    settings,
+)
+from targetlm.data import (
+    count_words,
+    read_file,
+    read_lines,
+    with_context_token,
+)
+from targetlm.modules.encoders import Encoder
+from targetlm.registry import ConfigError
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``targetlm eval``; returns the exit status."""
+    from targetlm.inference import evaluate_ensemble, evaluate_stream
+    from targetlm.inference.evaluate import per_word, perplexity
+    from targetlm.runs import load_run
+
+    combiners = combiners_from_args(args)
+    if args.file is not None and args.split is not None:
+        raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
+    config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args))
+    check_combiners(args, config, model)
+    split = args.split or "test"
+    if args.file is not None:
+        lines, source = read_file(args.file, config.data.lowercase), str(args.file)
+    else:
+        source = getattr(config.data, split)
+        lines = read_lines(config.data, source)
+    tokens = vocab.tokenizer.tokenize(lines)  # the run's tokenizer and vocabulary
+    words = count_words(lines)
+    where = {"split": None if args.file is not None else split, "file": source}
+    if combiners is not None:  # per-token scoring: every combiner composes, one pass
+        combiners = dataclasses.replace(combiners, ensemble_lambdas=tuple(args.ensemble_lambda))
+        main, *streams = score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
+        result = {**per_word(main.summary(), words), **settings(config, args, combiners)}
+        result.update(where)
+        if streams:
+            result["ensemble"] = [
+                {"lambda": lam, **per_word(s.summary(), words)}
+                for lam, s in zip(args.ensemble_lambda, streams)
+            ]
+        if args.json:
+            print(json.dumps(result))
+        else:
+            _print_summary(result)
+            for row in result.get("ensemble", []):
+                print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
+        return 0
+    ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
+    segment = config.eval.segment or config.data.bptt
+    if args.ensemble_lambda:  # one pass: the main head's ppl and every λ's
+        result = evaluate_ensemble(
+            model, ids, config.eval.batch_size, segment, args.ensemble_lambda, config.train.device
+        )
+    else:
+        result = evaluate_stream(model, ids, config.eval.batch_size, segment, config.train.device)
+    result = per_word(result, words)
+    for row in result.get("ensemble", []):
+        row["word_ppl"] = perplexity(row["nll"] * result["tokens"] / words)
+    result.update(
+        **where,
+        tokenizer=config.data.tokenizer,
+        oov_rate=vocab.oov_rate(tokens),
+        batch_size=config.eval.batch_size,
+        segment=segment,
+    )
+    context = model.encoder.max_context if isinstance(model.encoder, Encoder) else None
+    if context is not None:
+        result["context"] = context
+        result["min_context"] = context - segment + 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        name = source if args.file is not None else f"{split} ({source})"
+        print(
+            f"{name}: ppl {result['ppl']:.2f} over {result['tokens']:,} tokens, "
+            f"OOV rate {result['oov_rate']:.2%}" + _per_word_text(result)
+        )
+        for row in result.get("ensemble", []):
+            print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
+    return 0
+
+
+def _print_summary(result: dict) -> None:
+    def ppl(key: str) -> str:
+        return "-" if result[key] is None else f"{result[key]:.2f}"
+
+    vocabulary = "open vocabulary" if result["open_vocab"] else "closed vocabulary"
+    name = result["split"] or "file"
+    print(
+        f"{name} ({result['data']} {result['file']}), {vocabulary}: ppl {ppl('ppl')} "
+        f"over {result['tokens']:,} tokens (new words: ppl {ppl('ppl_new')} over "
+        f"{result['new_tokens']:,}; known: ppl {ppl('ppl_known')}), OOV rate {result['oov_rate']:.2%}"
+        + _per_word_text(result)
+    )
+
+
+def _per_word_text(result: dict) -> str:
+    """The per-word perplexity, where the tokens are not the words."""
+    if result["words"] == result["tokens"]:
+        return ""
+    return f"; per word: ppl {result['word_ppl']:.2f} over {result['words']:,} words"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``targetlm eval`` to the subcommands ``sub``."""
+    p = sub.add_parser("eval", help="perplexity of a trained run on a split or a text file")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument(
+        "--split",
+        choices=["train", "valid", "test"],
+        help="a split of the run's data (default test)",
+    )
+    p.add_argument(
+        "--file",
+        type=Path,
+        metavar="PATH",
+        help="any text file instead, read like a split with the run's tokenizer and vocabulary",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--ensemble-lambda",
+        type=floats,
+        default=[],
+        metavar="L,L,...",
+        help="also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass; composes "
+        "with --open-vocab and the caches, which then apply to every λ)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_scoring_options(p)
+    p.set_defaults(func=run)

@@ -1,0 +1,93 @@
+"""``targetlm score RUN_DIR --file PATH --out JSONL``: per-token log-probabilities."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from targetlm.cli.common import (
+    add_scoring_options,
+    check_combiners,
+    combiners_from_args,
+    eval_overrides,
+    floats,
+    score_streams,
+)
+from targetlm.data import (
+    read_file,
+)
+from targetlm.inference.scoring import Combiners
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``targetlm score``; returns the exit status."""
+    """``targetlm score``: one JSON record per token of a file, with any combiners."""
+    import os
+    import tempfile
+
+    from targetlm.runs import load_run
+
+    combiners = combiners_from_args(args) or Combiners()
+    config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args))
+    check_combiners(args, config, model)
+    lines = read_file(args.file, config.data.lowercase)
+    tokens = list(vocab.tokenizer.tokenize(lines))
+    combiners = dataclasses.replace(combiners, ensemble_lambdas=tuple(args.ensemble_lambda))
+    main, *streams = score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # written whole or not at all: a temporary file renamed over the output
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for i, token in enumerate(tokens):
+                record = {
+                    "position": i,
+                    "token": token,
+                    "log_prob": float(main.log_probs[i]),
+                    "new": bool(main.is_new[i]),
+                }
+                if streams:
+                    record["ensemble"] = {
+                        f"{lam:g}": float(s.log_probs[i])
+                        for lam, s in zip(args.ensemble_lambda, streams)
+                    }
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    summary = main.summary()
+    print(
+        f"{out}: {summary['tokens']:,} tokens of {args.file}, ppl {summary['ppl']:.2f}, "
+        f"OOV rate {summary['oov_rate']:.2%}"
+    )
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``targetlm score`` to the subcommands ``sub``."""
+    p = sub.add_parser(
+        "score", help="per-token log-probabilities of a text file (JSON lines), with any combiners"
+    )
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--file", type=Path, required=True, metavar="PATH", help="the text to score")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="JSONL",
+        help="one record per token: position, token, log_prob (natural log), new",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--ensemble-lambda",
+        type=floats,
+        default=[],
+        metavar="L,L,...",
+        help="also each λ's log-probability (record key 'ensemble'), in the same pass",
+    )
+    add_scoring_options(p)
+    p.set_defaults(func=run)

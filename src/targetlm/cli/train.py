@@ -1,0 +1,38 @@
+"""``targetlm train CONFIG``: train a model from a TOML config."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from targetlm import builders
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``targetlm train``; returns the exit status."""
+    from targetlm.training import Trainer
+
+    config = builders.load_config(args.config, args.set)
+    run_dir = (
+        args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    results = Trainer(
+        config, run_dir, resume=args.resume, log=lambda m: print(m, flush=True)
+    ).train()
+    if results.get("interrupted"):
+        return 130
+    print(f"test perplexity: {results['test']['ppl']:.2f}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``targetlm train`` to the subcommands ``sub``."""
+    p = sub.add_parser("train", help="train a model from a TOML config")
+    p.add_argument("config")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
+    )
+    p.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir exactly")
+    p.set_defaults(func=run)

@@ -1,0 +1,66 @@
+"""Declared capabilities of components, checked with ``isinstance`` (never ``hasattr``).
+
+A component has a capability by having the members below (structural typing, so a new
+component needs no base class to gain one); callers ask ``isinstance(module, Capability)``.
+Encoders declare ``max_context`` on their base class, :class:`targetlm.modules.encoders.Encoder`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from targetlm.lexicon.lexicon import Lexicon
+
+__all__ = ["EmbeddingTable", "HasTrainingCache", "OpenVocabularyEmbedding", "OpenVocabularyOutput"]
+
+
+@runtime_checkable
+class EmbeddingTable(Protocol):
+    """An input embedding with a whole-vocabulary table, which a tied output layer reuses."""
+
+    size: int  # d
+
+    def table(self) -> torch.Tensor:
+        """The embeddings of the whole vocabulary (V, size)."""
+        ...
+
+
+@runtime_checkable
+class OpenVocabularyOutput(Protocol):
+    """An output layer that embeds any strings (compositional: char-CNN, GroC)."""
+
+    lexicon: Lexicon | None  # what its own words are grounded in (None: characters only)
+
+    def embed_words(
+        self, words: Sequence[str], lexicon: Lexicon | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """E_out (n, d) and b (n,) or None of ``words``, grounded in ``lexicon``."""
+        ...
+
+
+@runtime_checkable
+class OpenVocabularyEmbedding(Protocol):
+    """An input embedding that reads any strings: the same module over another vocabulary."""
+
+    lexicon: Lexicon | None  # what its own words are grounded in (None: characters only)
+
+    def for_words(self, words: Sequence[str], lexicon: Lexicon | None = None) -> torch.nn.Module:
+        """This embedding (same parameters) over the vocabulary ``words``."""
+        ...
+
+
+@runtime_checkable
+class HasTrainingCache(Protocol):
+    """A module with training-time state outside its state_dict, saved for exact resume."""
+
+    def training_cache(self) -> torch.Tensor | None:
+        """The state to save (detached), or None."""
+        ...
+
+    def load_training_cache(self, cache: torch.Tensor | None) -> None:
+        """Restore what :meth:`training_cache` returned."""
+        ...

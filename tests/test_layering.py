@@ -1,0 +1,183 @@
+"""Layering: the graph of `targetlm`-internal imports has no cycle.
+
+Every module of `src/targetlm` is parsed with `ast`; module-level imports and imports inside
+functions (lazy imports) both count as edges, so a cycle cannot hide behind a deferred import.
+Only imports under `if TYPE_CHECKING:` are left out: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import targetlm
+
+PACKAGE = "targetlm"
+ROOT = Path(targetlm.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest known module that `name` (a module or `module.attribute`) lies in."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _ancestors(name: str) -> list[str]:
+    """The packages above `name`: `a.b.c` -> `[a, a.b]`."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of `tree` except the bodies of `if TYPE_CHECKING:` blocks."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """`{module: {imported targetlm modules}}`, over every import statement in the file.
+
+    `from pkg import name` is an edge to `pkg.name` when that is a module, else to `pkg`;
+    relative imports are resolved against the importing module's package. Importing
+    `a.b.c` runs the `__init__` of package `a.b` first, so it is an edge to `a.b` as well,
+    unless the importer lies inside `a.b` (whose `__init__` is then already running).
+    """
+    modules = _modules()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base_parts = package.split(".")
+                    base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                    base = ".".join(base_parts + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                targets = [f"{base}.{alias.name}" for alias in node.names]
+            for target in targets:
+                if target.split(".")[0] != PACKAGE:
+                    continue
+                resolved = _resolve(target, modules)
+                if resolved is None:
+                    continue
+                for ancestor in _ancestors(resolved):
+                    if ancestor in modules and not _inside(name, ancestor):
+                        graph[name].add(ancestor)
+                if resolved != name:
+                    graph[name].add(resolved)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as `[a, b, ..., a]`, or None (iterative depth-first search)."""
+    colour = dict.fromkeys(graph, 0)  # 0 unseen, 1 on the current path, 2 done
+    for start in sorted(graph):
+        if colour[start]:
+            continue
+        path = [start]
+        stack = [iter(sorted(graph[start]))]
+        colour[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                colour[path.pop()] = 2
+                stack.pop()
+            elif colour[nxt] == 1:
+                return path[path.index(nxt) :] + [nxt]
+            elif colour[nxt] == 0:
+                colour[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return None
+
+
+def test_import_graph_is_built_from_every_module():
+    graph = import_graph()
+    assert "targetlm.config" in graph and "targetlm.modules.model" in graph
+    assert graph["targetlm.modules.model"], "the model imports its parts"
+
+
+def test_find_cycle_reports_the_modules_of_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for nxt in graph[stack.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+def test_configuration_is_plain_data():
+    """`targetlm.config` imports no model code: only the registry's error and type checks."""
+    assert _reachable(import_graph(), "targetlm.config") <= {"targetlm.registry"}
+
+
+def test_a_checkpoint_is_readable_without_the_training_package():
+    graph = import_graph()
+    for module in ("targetlm.checkpoint", "targetlm.runs"):
+        reached = _reachable(graph, module)
+        assert not {m for m in reached if _inside(m, "targetlm.training")}, module
+
+
+@pytest.mark.parametrize(
+    "lower",
+    [
+        "targetlm.data",
+        "targetlm.functional",
+        "targetlm.lexicon",
+        "targetlm.modules",
+        "targetlm.objectives",
+        "targetlm.registry",
+        "targetlm.tasks",
+    ],
+)
+def test_imports_run_downwards(lower):
+    """Components never import what wires or drives them, nor the configuration (DESIGN.md:
+    only builders and cli read it; components take plain keyword arguments)."""
+    graph = import_graph()
+    upper = ("targetlm.builders", "targetlm.cli", "targetlm.config", "targetlm.inference")
+    upper += ("targetlm.runs", "targetlm.training")
+    for module in [m for m in graph if _inside(m, lower)]:
+        wrong = sorted(m for m in _reachable(graph, module) if any(_inside(m, u) for u in upper))
+        assert not wrong, f"{module} imports {', '.join(wrong)}"
