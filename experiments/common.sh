@@ -14,3 +14,15 @@ train_reduced() {
     --set train.decay_start=1 --set train.decay_factor=0.5 \
     --set train.threads=1 --set train.progress=false "$@"
 }
+
+# eval_splits RUN_DIR [EVAL_ARGS ...]: eval-valid.json and eval-test.json on the full splits
+# (data.valid reset to all of valid), each written whole or not at all; existing ones are kept
+eval_splits() {
+  local dir=$1 split
+  shift
+  for split in valid test; do
+    [[ -f "$dir/eval-$split.json" ]] && continue
+    targetlm eval "$dir" --split "$split" --set data.valid='"valid"' "$@" --json \
+      > "$dir/eval-$split.json.tmp" && mv "$dir/eval-$split.json.tmp" "$dir/eval-$split.json"
+  done
+}

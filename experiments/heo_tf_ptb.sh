@@ -9,6 +9,7 @@
 # then each run is evaluated on full valid and test at λ ∈ {0, 0.2, 0.4, 0.6} (heads once).
 # DIVERSITY=K measures gradient diversity every K steps (Heo et al. Fig. 2).
 set -euo pipefail
+source "$(dirname "$0")/common.sh"
 method=${1:?method}
 seed=${2:?seed}
 root=${RUNS:-runs/heo-tf-ptb}
@@ -27,8 +28,4 @@ if [[ ! -f "$dir/results.json" ]]; then
 fi
 ensemble=(--ensemble-lambda 0,0.2,0.4,0.6)
 [[ $method == base ]] && ensemble=()
-for split in valid test; do
-  [[ -f "$dir/eval-$split.json" ]] && continue
-  targetlm eval "$dir" --split "$split" --set data.valid='"valid"' "${ensemble[@]}" --json \
-    > "$dir/eval-$split.json.tmp" && mv "$dir/eval-$split.json.tmp" "$dir/eval-$split.json"
-done
+eval_splits "$dir" "${ensemble[@]}"

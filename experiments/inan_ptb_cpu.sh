@@ -8,6 +8,7 @@
 # One run per call, one thread:
 #   bash experiments/inan_ptb_cpu.sh METHOD SEED        (METHOD: base, al, re, real)
 set -euo pipefail
+source "$(dirname "$0")/common.sh"
 method=${1:?method}
 seed=${2:?seed}
 root=${RUNS:-runs/inan-ptb-cpu}
@@ -18,8 +19,4 @@ if [[ ! -f "$dir/results.json" ]]; then
     --set data.valid='"valid[:0.25]"' --set train.epochs="${EPOCHS:-40}" \
     --set train.threads=1 --set train.progress=false
 fi
-for split in valid test; do
-  [[ -f "$dir/eval-$split.json" ]] && continue
-  targetlm eval "$dir" --split "$split" --set data.valid='"valid"' --json \
-    > "$dir/eval-$split.json.tmp" && mv "$dir/eval-$split.json.tmp" "$dir/eval-$split.json"
-done
+eval_splits "$dir"

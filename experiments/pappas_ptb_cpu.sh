@@ -9,6 +9,7 @@
 #   bash experiments/pappas_ptb_cpu.sh METHOD SEED        (METHOD: tied, adaptive, groc)
 # CONTINUE=1 EPOCHS=N continues a finished run that reached the epoch cap (exact resume) to N.
 set -euo pipefail
+source "$(dirname "$0")/common.sh"
 method=${1:?method}
 seed=${2:?seed}
 root=${RUNS:-runs/pappas-ptb-cpu}
@@ -28,8 +29,4 @@ if [[ ! -f "$dir/results.json" ]]; then
     --set data.valid='"valid[:0.25]"' --set train.epochs="${EPOCHS:-40}" \
     --set train.threads=1 --set train.progress=false
 fi
-for split in valid test; do
-  [[ -f "$dir/eval-$split.json" ]] && continue
-  targetlm eval "$dir" --split "$split" --set data.valid='"valid"' --json \
-    > "$dir/eval-$split.json.tmp" && mv "$dir/eval-$split.json.tmp" "$dir/eval-$split.json"
-done
+eval_splits "$dir"

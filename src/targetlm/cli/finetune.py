@@ -7,13 +7,13 @@ from pathlib import Path
 
 from targetlm import builders
 from targetlm import config as config_lib
+from targetlm.cli.train import train_and_report
 from targetlm.training.trainer import RunDirError
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm finetune``; returns the exit status."""
     from targetlm.runs import CONFIG, read_best
-    from targetlm.training import Trainer
 
     source = str(Path(args.source).resolve())
     if args.resume:  # the finetuning run's own config: its source and vocabulary are recorded
@@ -32,13 +32,7 @@ def run(args: argparse.Namespace) -> int:
         data.setdefault("train", {})["init_from"] = source
         reuse_tokenizer(checkpoint["config"], data, Path(source))
         config = builders.config_from_dict(data)
-    results = Trainer(
-        config, args.run_dir, resume=args.resume, log=lambda m: print(m, flush=True)
-    ).train()
-    if results.get("interrupted"):
-        return 130
-    print(f"test perplexity: {results['test']['ppl']:.2f}")
-    return 0
+    return train_and_report(config, args.run_dir, args.resume)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -7,19 +7,24 @@ import time
 from pathlib import Path
 
 from targetlm import builders
+from targetlm import config as config_lib
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm train``; returns the exit status."""
-    from targetlm.training import Trainer
-
     config = builders.load_config(args.config, args.set)
     run_dir = (
         args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
-    results = Trainer(
-        config, run_dir, resume=args.resume, log=lambda m: print(m, flush=True)
-    ).train()
+    return train_and_report(config, run_dir, args.resume)
+
+
+def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> int:
+    """Train ``config`` in ``run_dir`` and print its test perplexity; the exit status (130 if
+    interrupted, with a resumable checkpoint left)."""
+    from targetlm.training import Trainer
+
+    results = Trainer(config, run_dir, resume=resume, log=lambda m: print(m, flush=True)).train()
     if results.get("interrupted"):
         return 130
     print(f"test perplexity: {results['test']['ppl']:.2f}")
