@@ -23,6 +23,18 @@ ENCODER_OPTIONS = {
         "dropout": 0.0,
     },
 }
+# encoders that read a source besides the stream (Encoder.conditional): the translation
+# contract tests (tests/test_translation.py) run them; the LM contract tests cannot
+CONDITIONAL_ENCODER_OPTIONS = {
+    "transformer_seq2seq": {
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "num_heads": 2,
+        "ff_size": 32,
+        "max_context": 48,
+        "dropout": 0.0,
+    },
+}
 CHAR_CNN = {"char_size": 8, "widths": [1, 2, 3], "channels_per_width": 8, "highway_layers": 1}
 OUTPUT_OPTIONS = {
     "lookup": {},

@@ -84,6 +84,12 @@ class DataConfig:
     batch_size: int = 20
     bptt: int = 35  # segment length: BPTT for recurrent encoders, block length for Transformers
     shuffle: bool = False  # shuffle the order of segments every epoch (Transformer blocks)
+    # translation (task.kind = "translation"): a split NAME is the files NAME.<source_lang>
+    # and NAME.<target_lang>; batches hold up to max_tokens source or target tokens
+    # (0: batch_size sentence pairs), sentences bucketed by length
+    source_lang: str | None = None
+    target_lang: str | None = None
+    max_tokens: int = 0
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -143,6 +149,7 @@ class TrainConfig:
 class EvalConfig:
     batch_size: int = 10
     segment: int = 0  # tokens scored per step; 0: data.bptt (a Transformer sees max_context - segment + 1 or more)
+    beam: int = 5  # translation: beam size of the BLEU at the end of training and of `eval`
 
 
 @dataclass(frozen=True)
@@ -266,6 +273,8 @@ def validate(config: Config) -> None:
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0")
     _validate_data(config.data)
+    if config.eval.beam < 1:
+        raise ConfigError("eval.beam: must be >= 1 (1: greedy decoding)")
     if config.eval.segment < 0:
         raise ConfigError("eval.segment: must be >= 0 (0: data.bptt)")
     for key in ("train_sentences", "valid_sentences", "test_sentences"):
@@ -275,6 +284,8 @@ def validate(config: Config) -> None:
 
 def _validate_data(data: DataConfig) -> None:
     """The data values; the tokenizer is checked by :func:`targetlm.builders.validate`."""
+    if data.max_tokens < 0:
+        raise ConfigError("data.max_tokens: must be >= 0 (0: data.batch_size sentence pairs)")
     if data.train_tokens < 0:
         raise ConfigError("data.train_tokens: must be >= 0 (0: the whole split)")
     if data.name == "text" and not data.dir:

@@ -63,14 +63,29 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
         + _heads(config)
         + f" · vocabulary {results['vocab_size']:,}",
         "",
-        "| split | perplexity | unigram perplexity | tokens | OOV rate |",
-        "|---|---:|---:|---:|---:|",
     ]
-    for split in ("valid", "test"):
-        r = results[split]
-        lines.append(
-            f"| {split} | {r['ppl']:.2f} | {r['unigram_ppl']:.2f} | {r['tokens']:,} | {r['oov_rate']:.2%} |"
-        )
+    if "bleu" in results["test"]:  # a translation run
+        lines += [
+            "| split | perplexity | tokens | BLEU | chrF |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for split in ("valid", "test"):
+            r = results[split]
+            lines.append(
+                f"| {split} | {r['ppl']:.2f} | {r['tokens']:,} | {r['bleu']:.2f} | {r['chrf']:.2f} |"
+            )
+        lines += ["", f"Beam {results['test']['beam']}; `{results['test']['bleu_signature']}`."]
+    else:
+        lines += [
+            "| split | perplexity | unigram perplexity | tokens | OOV rate |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for split in ("valid", "test"):
+            r = results[split]
+            lines.append(
+                f"| {split} | {r['ppl']:.2f} | {r['unigram_ppl']:.2f} | {r['tokens']:,} "
+                f"| {r['oov_rate']:.2%} |"
+            )
     lines += ["", "| part | parameters |", "|---|---:|"]
     lines += [f"| {part} | {count:,} |" for part, count in results["params"].items()]
     lines += [f"| **total** | **{results['total_params']:,}** |", ""]

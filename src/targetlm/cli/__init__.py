@@ -7,6 +7,7 @@
                   [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
     targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--ensemble-lambda L,...] [scoring options]
     targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+    targetlm translate RUN_DIR --input SRC [--reference REF] [--beam 5] [--ensemble-lambda L] [--output FILE] [--json]
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
     targetlm lexicon stats --data NAME [--dir DIR] [--drop F --seed S] [--json]
@@ -25,14 +26,35 @@ import argparse
 import sys
 
 from targetlm.checkpoint import CheckpointError
-from targetlm.cli import analyze, data, describe, finetune, generate, lexicon, score, train
+from targetlm.cli import (
+    analyze,
+    data,
+    describe,
+    finetune,
+    generate,
+    lexicon,
+    score,
+    train,
+    translate,
+)
 from targetlm.cli import eval as eval_command
 from targetlm.data import DataError
 from targetlm.registry import ConfigError
 from targetlm.training.trainer import RunDirError, TrainingDiverged
 
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, RunDirError, TrainingDiverged)
-COMMANDS = (train, finetune, eval_command, score, generate, describe, analyze, lexicon, data)
+COMMANDS = (
+    train,
+    finetune,
+    eval_command,
+    score,
+    generate,
+    translate,
+    describe,
+    analyze,
+    lexicon,
+    data,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

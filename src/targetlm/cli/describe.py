@@ -17,7 +17,12 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.lexicon import Lexicon
 
     config = builders.load_config(args.config, args.set)
-    vocab = load_corpus(config.data, (config.data.train,)).vocab  # the tokenizer's, if any
+    if config.task.kind == "translation":
+        from targetlm.data.parallel import load_parallel
+
+        vocab = load_parallel(config.data, ()).vocab  # the joint subword vocabulary
+    else:
+        vocab = load_corpus(config.data, (config.data.train,)).vocab  # the tokenizer's, if any
     # parameters never depend on the lexicon's contents, so counting needs no WordNet
     model = builders.build_model(config.model, vocab.itos, lexicon=Lexicon())
     params = model.parameter_counts()

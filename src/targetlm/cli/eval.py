@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if args.file is not None and args.split is not None:
         raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args))
+    if config.task.kind == "translation":
+        return _eval_translation(args, config, vocab, model)
     check_combiners(args, config, model)
     split = args.split or "test"
     if args.file is not None:
@@ -96,6 +98,73 @@ def run(args: argparse.Namespace) -> int:
         for row in result.get("ensemble", []):
             print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
     return 0
+
+
+def _eval_translation(args: argparse.Namespace, config, vocab, model) -> int:
+    """Teacher-forced loss and perplexity, and BLEU / chrF of beam search (``eval.beam``;
+    ``--ensemble-lambda``: the first λ inside the search), on valid and test or ``--split``."""
+    import time
+
+    from targetlm.data.parallel import decode_ids, read_parallel
+    from targetlm.inference.translate import (
+        DecodeOptions,
+        evaluate_pairs,
+        score_translations,
+        translate_ids,
+    )
+    from targetlm.tasks import TASKS, pair_batches
+
+    if args.file is not None or combiners_from_args(args) is not None:
+        raise ConfigError(
+            "a translation run is evaluated on its splits: use `targetlm translate` for a file; "
+            "the scoring options are for language models"
+        )
+    lam = args.ensemble_lambda[0] if args.ensemble_lambda else 0.0
+    options = DecodeOptions(beam=config.eval.beam, ensemble_lambda=lam)
+    options.check(model)
+    task = TASKS.build(config.task.kind, config.task.options, "task")
+    results = {}
+    for split in [args.split] if args.split else ["valid", "test"]:
+        name = getattr(config.data, split)
+        part = read_parallel(config.data, name, train=False)
+        source = [ids for ids in _encode(vocab, part.source_lines)]
+        target = _encode(vocab, part.target_lines)
+        batches = pair_batches(
+            source, target, vocab.eos_id, max_tokens=config.data.max_tokens,
+            batch_size=config.data.batch_size,
+        )
+        loss = evaluate_pairs(model, batches, task, config.train.device)
+        start = time.perf_counter()
+        outputs = translate_ids(
+            model, source, options, vocab.eos_id, batch_size=config.eval.batch_size,
+            device=config.train.device,
+        )
+        seconds = time.perf_counter() - start
+        hypotheses = [decode_ids(vocab.tokenizer, vocab, o) for o in outputs]
+        results[split] = {
+            "split": name,
+            **loss,
+            **score_translations(hypotheses, part.target_lines),
+            "beam": options.beam,
+            "ensemble_lambda": lam,
+            "sentences_per_s": len(hypotheses) / max(seconds, 1e-9),
+        }
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    for split, r in results.items():
+        print(
+            f"{split} ({r['split']}): loss {r['nll']:.3f}, ppl {r['ppl']:.2f} over "
+            f"{r['tokens']:,} target tokens; BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f} "
+            f"(beam {r['beam']}, λ {lam:g}) {r['bleu_signature']}"
+        )
+    return 0
+
+
+def _encode(vocab, lines):
+    from targetlm.data.parallel import encode_lines
+
+    return encode_lines(vocab.tokenizer, vocab, lines)
 
 
 def _print_summary(result: dict) -> None:

@@ -22,12 +22,15 @@ def run(args: argparse.Namespace) -> int:
 def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> int:
     """Train ``config`` in ``run_dir`` and print its test perplexity; the exit status (130 if
     interrupted, with a resumable checkpoint left)."""
-    from targetlm.training import Trainer
+    from targetlm.training import trainer_for
 
-    results = Trainer(config, run_dir, resume=resume, log=lambda m: print(m, flush=True)).train()
+    trainer = trainer_for(config)(config, run_dir, resume=resume, log=lambda m: print(m, flush=True))
+    results = trainer.train()
     if results.get("interrupted"):
         return 130
     print(f"test perplexity: {results['test']['ppl']:.2f}")
+    if "bleu" in results["test"]:
+        print(f"test BLEU: {results['test']['bleu']:.2f} ({results['test']['bleu_signature']})")
     return 0
 
 

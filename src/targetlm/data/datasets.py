@@ -16,6 +16,7 @@ into the token stream, one ``<eos>`` per line.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -52,6 +53,7 @@ class Remote:
     url: str
     sha256: str | None = None
     md5: str | None = None
+    gzip: bool = False  # the checksum is the .gz file's; it is saved decompressed
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,14 @@ _PTB_SHA = {
     "valid": "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
     "test": "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
 }
+_MULTI30K_SHA = {  # of data/task1/raw/<file>.gz at the pinned commit (verified against a mirror)
+    "train.en": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.de": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "val.en": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.de": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "test_2016_flickr.en": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.de": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+}
 _WT2_SHA = {
     "train": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
     "valid": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
@@ -187,6 +197,24 @@ DATASETS: dict[str, DatasetSpec] = {
                 md5="a0a8630959d3d937873b1265b0a05497",
             ),
             unpack=_unpack_brown,
+        ),
+        DatasetSpec(
+            "multi30k",
+            "Multi30k Task 1 En–De (Elliott et al. 2016), raw parallel text: translation "
+            "(data.source_lang / data.target_lang = en, de); research and educational use",
+            ("train", "val", "test_2016_flickr"),
+            files={
+                name: Remote(
+                    _raw(
+                        "multi30k/dataset",
+                        "a3d2e0d26b56f3846f66a952536ffed4e401d05a",
+                        f"data/task1/raw/{name}.gz",
+                    ),
+                    sha256=sha,
+                    gzip=True,
+                )
+                for name, sha in _MULTI30K_SHA.items()
+            },
         ),
         DatasetSpec(
             "synthetic",
@@ -381,7 +409,7 @@ def _fetch(remote: Remote) -> bytes:
     for algorithm, expected in (("sha256", remote.sha256), ("md5", remote.md5)):
         if expected and hashlib.new(algorithm, blob).hexdigest() != expected:
             raise DataError(f"{remote.url}: {algorithm} mismatch (expected {expected}); not saved")
-    return blob
+    return gzip.decompress(blob) if remote.gzip else blob
 
 
 def download(name: str, target: Path | None = None) -> Path:

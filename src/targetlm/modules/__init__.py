@@ -27,6 +27,7 @@ from targetlm.modules.model import (
     detach_state,
     state_to_list,
 )
+from targetlm.modules.seq2seq import DecoderState, TransformerSeq2Seq
 from targetlm.modules.outputs import (
     OUTPUT_LAYERS,
     AdaptiveOutput,
@@ -71,6 +72,8 @@ __all__ = [
     "SimpleHeads",
     "TiedOutput",
     "TransformerEncoder",
+    "TransformerSeq2Seq",
+    "DecoderState",
     "WdrHeads",
     "build_heads",
     "build_model",

@@ -23,7 +23,9 @@ class LookupEmbedding(nn.Module):
         size: embedding dimension.
         dropout: embedding dropout (Gal & Ghahramani 2016): drops whole word types,
             the same types at every position of the batch, in training.
-        init_range: uniform(-r, r) initialisation; None gives N(0, 1) (PyTorch's default).
+        init_range: uniform(-r, r) initialisation; None gives N(0, init_std²).
+        init_std: the standard deviation of the normal initialisation (default 1, PyTorch's;
+            fairseq's Transformers use size^−½ with their √size input scaling).
         unit_norm: constrain every row to unit L2 norm (Inan et al.'s subspace analysis);
             the rows are normalised in the forward pass, so the constraint holds exactly.
     """
@@ -35,6 +37,7 @@ class LookupEmbedding(nn.Module):
         dropout: float = 0.0,
         init_range: float | None = None,
         unit_norm: bool = False,
+        init_std: float = 1.0,
     ) -> None:
         super().__init__()
         if not 0 <= dropout < 1:
@@ -44,7 +47,7 @@ class LookupEmbedding(nn.Module):
         self.unit_norm = unit_norm
         self.weight = nn.Parameter(torch.empty(vocab_size, size))
         if init_range is None:
-            nn.init.normal_(self.weight)
+            nn.init.normal_(self.weight, std=init_std)
         else:
             nn.init.uniform_(self.weight, -init_range, init_range)
 

@@ -29,10 +29,14 @@ class Encoder(nn.Module):
         output_size: width of ``hidden``.
         max_context: the longest window of tokens the encoder sees (a segment may not be
             longer); ``None`` when unbounded (a recurrent state carries the whole past).
+        conditional: True when the encoder reads a source besides the stream (an
+            encoder–decoder: its state comes from ``start``, made by the translation task),
+            so it cannot run a plain language model.
     """
 
     output_size: int
     max_context: int | None = None
+    conditional: bool = False
 
 
 class LockedDropout(nn.Module):

@@ -4,7 +4,16 @@ Everything below the logit layer (output layers, heads, objectives, combiners) i
 every task; a task only says what a :class:`Batch` holds and how the model reads it.
 """
 
-from targetlm.tasks.base import TASKS, Batch, Task
+from targetlm.tasks.base import TASKS, Batch, StreamTask, Task
 from targetlm.tasks.lm import LanguageModelingTask
+from targetlm.tasks.translation import TranslationTask, pair_batches
 
-__all__ = ["TASKS", "Batch", "LanguageModelingTask", "Task"]
+__all__ = [
+    "TASKS",
+    "Batch",
+    "LanguageModelingTask",
+    "StreamTask",
+    "Task",
+    "TranslationTask",
+    "pair_batches",
+]

@@ -30,19 +30,48 @@ class Batch:
         columns (the N-gram heads' later words); ``IGNORE`` marks padding.
     positions: (B, T) the index of each column's target in the text (evaluation, per-token
         output), ``IGNORE`` for padding; None when not asked for.
+    source: (B, S) the source sentences a conditional task reads (translation), padded;
+        None for language modelling. source_mask: (B, S) bool, True at real source tokens.
     """
 
     inputs: torch.Tensor
     targets: torch.Tensor
     positions: torch.Tensor | None = None
+    source: torch.Tensor | None = None
+    source_mask: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> Batch:
-        positions = None if self.positions is None else self.positions.to(device)
-        return Batch(self.inputs.to(device), self.targets.to(device), positions)
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        return Batch(
+            self.inputs.to(device),
+            self.targets.to(device),
+            move(self.positions),
+            move(self.source),
+            move(self.source_mask),
+        )
 
 
 class Task(ABC):
-    """How a corpus becomes batches and how the model reads a batch."""
+    """How the model reads a batch; :class:`StreamTask` s also say how a stream becomes batches.
+
+    ``conditional``: the task reads a source besides the target stream (translation) and
+    needs an encoder that is conditional (``Encoder.conditional``); a stream task needs one
+    that is not.
+    """
+
+    conditional: bool = False
+
+    @abstractmethod
+    def predict(
+        self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True
+    ) -> Prediction:
+        """Run ``model`` on ``batch`` (continuing ``state``): its :class:`Prediction`."""
+
+
+class StreamTask(Task):
+    """A task over one token stream per split (language modelling)."""
 
     @abstractmethod
     def batches(
@@ -63,12 +92,6 @@ class Task(ABC):
         model reads instead of ``ids`` (same length; e.g. ``<unk>`` for new words).
         positions: fill :attr:`Batch.positions`.
         """
-
-    @abstractmethod
-    def predict(
-        self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True
-    ) -> Prediction:
-        """Run ``model`` on ``batch`` (continuing ``state``): its :class:`Prediction`."""
 
 
 TASKS: Registry[Task] = Registry("task")

@@ -10,7 +10,7 @@ import torch
 
 from targetlm.data.batching import StreamBatches
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.tasks.base import TASKS, Batch, Task
+from targetlm.tasks.base import TASKS, Batch, StreamTask
 
 
 class StreamBatchSequence(Sequence[Batch]):
@@ -56,7 +56,7 @@ class StreamBatchSequence(Sequence[Batch]):
 
 
 @TASKS.register("lm")
-class LanguageModelingTask(Task):
+class LanguageModelingTask(StreamTask):
     """Language modelling on one stream: column t reads token t and predicts token t + 1."""
 
     def batches(

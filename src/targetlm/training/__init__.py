@@ -2,15 +2,38 @@
 
 from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.training.optim import LrSchedule, build_optimizer
-from targetlm.training.trainer import RunDirError, Trainer, TrainingDiverged, train
+from pathlib import Path
+from typing import Any
+
+from targetlm.config import Config
+from targetlm.registry import ConfigError
+from targetlm.training.trainer import RunDirError, Trainer, TrainingDiverged
+from targetlm.training.translation import TranslationTrainer
+
+
+def trainer_for(config: Config) -> type[Trainer]:
+    """The trainer of ``config``'s task: the sentence-pair one for ``translation``."""
+    return TranslationTrainer if config.task.kind == "translation" else Trainer
+
+
+def train(
+    config: Config, run_dir: str | Path, resume: bool = False, **kwargs: Any
+) -> dict[str, Any]:
+    """Convenience: ``trainer_for(config)(config, run_dir, resume).train()``."""
+    if not isinstance(config, Config):
+        raise ConfigError("train() takes a targetlm.config.Config")
+    return trainer_for(config)(config, run_dir, resume, **kwargs).train()
+
 
 __all__ = [
     "CheckpointError",
     "LrSchedule",
     "RunDirError",
     "Trainer",
+    "TranslationTrainer",
     "TrainingDiverged",
     "build_optimizer",
     "save_atomic",
     "train",
+    "trainer_for",
 ]

@@ -113,6 +113,28 @@ class Trainer:
         torch.manual_seed(c.train.seed)
         random.seed(c.train.seed)
         self.device = torch.device(c.train.device)
+        self.task: Task = TASKS.build(c.task.kind, c.task.options, "task")
+        source = self._load_data()
+        self.model = build_model(c.model, self.vocab.itos).to(self.device)
+        if source is not None:
+            state, base, where = source
+            finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
+        self.objective = build_objective(c.objective, self.model).to(self.device)
+        self.batches = self._training_batches()
+        self.optimizer = build_optimizer(
+            c.train, list(self.model.parameters()) + list(self.objective.parameters())
+        )
+        self.schedule = LrSchedule(c.train)
+        self.epoch, self.batch_index, self.step = 1, 0, 0
+        self.best_valid, self.bad_evaluations = math.inf, 0
+        self._elapsed_before, self._session_start = 0.0, time.perf_counter()
+        self.state: Any = None
+
+    # --- the data: what a task subclass (translation) replaces -------------------------
+    def _load_data(self) -> Any:
+        """Read the corpus: ``self.vocab`` and each split's ids; returns the finetuning
+        source (state, vocabulary, where) or None."""
+        c = self.config
         self.corpus = load_corpus(c.data)
         self.vocab: Vocabulary = self.corpus.vocab
         source = None
@@ -127,28 +149,41 @@ class Trainer:
         }
         self.train_ids, self.valid_ids = ids[c.data.train], ids[c.data.valid]
         self.test_ids = ids[c.data.test]
-        self.model = build_model(c.model, self.vocab.itos).to(self.device)
-        if source is not None:
-            state, base, where = source
-            finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
-        self.objective = build_objective(c.objective, self.model).to(self.device)
-        self.task: Task = TASKS.build(c.task.kind, c.task.options, "task")
+        return source
+
+    def _training_batches(self) -> Any:
+        c = self.config
         # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
-        self.batches = self.task.batches(
+        return self.task.batches(
             self.train_ids,
             c.data.batch_size,
             c.data.bptt,
             train=True,
             lookahead=self.objective.lookahead,
         )
-        self.optimizer = build_optimizer(
-            c.train, list(self.model.parameters()) + list(self.objective.parameters())
+
+    def _evaluate(self, split: str) -> dict[str, Any]:
+        """``{"ppl", "nll", "tokens"}`` of the model on ``split`` ("valid" or "test")."""
+        c = self.config
+        return evaluate_stream(
+            self.model,
+            self.valid_ids if split == "valid" else self.test_ids,
+            c.eval.batch_size,
+            c.eval.segment or c.data.bptt,
+            self.device,
+            task=self.task,
         )
-        self.schedule = LrSchedule(c.train)
-        self.epoch, self.batch_index, self.step = 1, 0, 0
-        self.best_valid, self.bad_evaluations = math.inf, 0
-        self._elapsed_before, self._session_start = 0.0, time.perf_counter()
-        self.state: Any = None
+
+    def _split_results(self, split: str) -> dict[str, Any]:
+        """The final figures of ``split`` in results.json."""
+        r = self._evaluate(split)
+        tokens = self.corpus.splits[getattr(self.config.data, split)]
+        return {
+            "ppl": r["ppl"],
+            "tokens": r["tokens"],
+            "oov_rate": self.vocab.oov_rate(tokens),
+            "unigram_ppl": self.vocab.unigram_perplexity(tokens),
+        }
 
     def _start_run_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -245,14 +280,7 @@ class Trainer:
     def _validate(self) -> bool:
         """Validate, keep the best model, step the schedule; True when training should stop early."""
         c = self.config
-        result = evaluate_stream(
-            self.model,
-            self.valid_ids,
-            c.eval.batch_size,
-            c.eval.segment or c.data.bptt,
-            self.device,
-            task=self.task,
-        )
+        result = self._evaluate("valid")
         self.schedule.on_validation(result["nll"])
         improved = result["ppl"] < self.best_valid
         if improved:
@@ -428,16 +456,7 @@ class Trainer:
         if (self.run_dir / runs.BEST).is_file():
             best = load_checkpoint(self.run_dir / runs.BEST)
             self.model.load_state_dict(best["model"])
-        segment = c.eval.segment or c.data.bptt
-        results: dict[str, Any] = {}
-        for name, ids in (("valid", self.valid_ids), ("test", self.test_ids)):
-            r = evaluate_stream(
-                self.model, ids, c.eval.batch_size, segment, self.device, task=self.task
-            )
-            results[name] = {"ppl": r["ppl"], "tokens": r["tokens"]}
-            tokens = self.corpus.splits[getattr(c.data, name)]
-            results[name]["oov_rate"] = self.vocab.oov_rate(tokens)
-            results[name]["unigram_ppl"] = self.vocab.unigram_perplexity(tokens)
+        results: dict[str, Any] = {name: self._split_results(name) for name in ("valid", "test")}
         results.update(
             params=self.model.parameter_counts(),
             total_params=sum(self.model.parameter_counts().values()),
@@ -476,12 +495,3 @@ def _as_list(value: Any) -> Any:
 
 def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (tuple, list)) else value
-
-
-def train(
-    config: Config, run_dir: str | Path, resume: bool = False, **kwargs: Any
-) -> dict[str, Any]:
-    """Convenience: ``Trainer(config, run_dir, resume).train()``."""
-    if not isinstance(config, Config):
-        raise ConfigError("train() takes a targetlm.config.Config")
-    return Trainer(config, run_dir, resume, **kwargs).train()

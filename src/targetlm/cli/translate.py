@@ -1,0 +1,160 @@
+"""``targetlm translate RUN_DIR --input SRC``: translate a file with a trained translation run.
+
+With ``--reference REF`` it prints SacreBLEU's BLEU and chrF (with their signatures) of the
+detokenized output against the raw reference. ``--output FILE`` writes one translation per
+line, and only once every line is translated (nothing is written on an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from targetlm.data.parallel import (
+    check_aligned,
+    check_nonempty,
+    decode_ids,
+    encode_lines,
+    read_file_lines,
+)
+from targetlm.data.vocab import DataError
+from targetlm.registry import ConfigError
+
+
+def read_sources(path: Path, lowercase: bool) -> list[str]:
+    lines = read_file_lines(path, lowercase)
+    if not lines:
+        raise DataError(f"{path} is empty: nothing to translate")
+    check_nonempty(path, lines)
+    return lines
+
+
+def translate_file(
+    run_dir: Path,
+    source_path: Path,
+    options: Any,
+    *,
+    reference_path: Path | None = None,
+    overrides: list[str] = (),
+) -> tuple[list[str], dict[str, Any]]:
+    """The translations of ``source_path``'s lines and a summary (BLEU, chrF and their
+    signatures with a reference; sentences, seconds, sentences/s)."""
+    from targetlm.inference.translate import score_translations, translate_ids
+    from targetlm.runs import load_run
+
+    config, vocab, model, _ = load_run(run_dir, list(overrides))
+    if config.task.kind != "translation":
+        raise ConfigError(f"{run_dir} is a {config.task.kind!r} run, not a translation run")
+    options.check(model)
+    lines = read_sources(source_path, config.data.lowercase)
+    references = None
+    if reference_path is not None:
+        references = read_file_lines(reference_path)
+        check_aligned(source_path, lines, reference_path, references)
+    sources = encode_lines(vocab.tokenizer, vocab, lines)
+    context = model.encoder.max_context
+    for number, ids in enumerate(sources, 1):
+        if len(ids) > context:
+            raise DataError(
+                f"{source_path}, line {number}: {len(ids)} source tokens exceed the model's "
+                f"max_context {context}"
+            )
+    start = time.perf_counter()
+    outputs = translate_ids(
+        model,
+        sources,
+        options,
+        vocab.eos_id,
+        batch_size=config.eval.batch_size,
+        device=config.train.device,
+    )
+    seconds = time.perf_counter() - start
+    hypotheses = [decode_ids(vocab.tokenizer, vocab, ids) for ids in outputs]
+    summary: dict[str, Any] = {
+        "sentences": len(hypotheses),
+        "seconds": seconds,
+        "sentences_per_s": len(hypotheses) / max(seconds, 1e-9),
+        "beam": options.beam,
+        "ensemble_lambda": options.ensemble_lambda,
+        "length_penalty": options.length_penalty,
+        "input": str(source_path),
+    }
+    if references is not None:
+        summary.update(score_translations(hypotheses, references))
+        summary["reference"] = str(reference_path)
+    return hypotheses, summary
+
+
+def write_lines_atomic(path: Path, lines: list[str]) -> None:
+    """Write ``path`` through a temporary file in its directory, renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write("".join(line + "\n" for line in lines))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``targetlm translate``; returns the exit status."""
+    from targetlm.inference.translate import DecodeOptions
+
+    options = DecodeOptions(
+        beam=args.beam,
+        length_penalty=args.length_penalty,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        ensemble_lambda=args.ensemble_lambda,
+    )
+    hypotheses, summary = translate_file(
+        args.run_dir, args.input, options, reference_path=args.reference, overrides=args.set
+    )
+    if args.output is not None:
+        write_lines_atomic(args.output, hypotheses)
+        summary["output"] = str(args.output)
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    if args.output is None:
+        for line in hypotheses:
+            print(line)
+    if "bleu" in summary:
+        print(f"BLEU {summary['bleu']:.2f}  {summary['bleu_signature']}")
+        print(f"chrF {summary['chrf']:.2f}  {summary['chrf_signature']}")
+    print(
+        f"{summary['sentences']} sentences in {summary['seconds']:.1f} s "
+        f"({summary['sentences_per_s']:.1f} sentences/s, beam {args.beam}, "
+        f"ensemble λ {args.ensemble_lambda:g})"
+    )
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``targetlm translate`` to the subcommands ``sub``."""
+    p = sub.add_parser("translate", help="translate a file with a translation run (BLEU, chrF)")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--input", type=Path, required=True, help="source sentences, one per line")
+    p.add_argument("--reference", type=Path, help="reference translations: print BLEU and chrF")
+    p.add_argument("--output", type=Path, help="write the translations here (default: stdout)")
+    p.add_argument("--beam", type=int, default=5, help="beam size (1: greedy; default 5)")
+    p.add_argument(
+        "--ensemble-lambda",
+        type=float,
+        default=0.0,
+        metavar="L",
+        help="λ of the N-gram head ensemble inside beam search (default 0: off)",
+    )
+    p.add_argument("--length-penalty", type=float, default=1.0, help="α of score / length^α")
+    p.add_argument("--max-len-a", type=float, default=1.5, help="max output length a·|src| + b")
+    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
+    p.set_defaults(func=run)

@@ -1,0 +1,309 @@
+"""The encoder–decoder Transformer (Vaswani et al. 2017) as an encoder of the pipeline.
+
+The translation model is the same :class:`~targetlm.modules.model.LanguageModel` as every LM:
+its input embedding reads the target prefix, this module's decoder turns it into h_t, and x̂_t
+goes through the run's output layer, heads, objectives and combiners unchanged. What makes
+it conditional is the *state*: :meth:`TransformerSeq2Seq.start` encodes the source once
+into a :class:`DecoderState` (the memory, its padding mask and, while decoding, the KV
+cache), and ``forward(x, state)`` continues the target prefix that state describes, so
+training (the whole prefix at once), greedy and beam search (one token at a time, the
+cache carried) use the ``forward(x, state) -> (h, state)`` contract of every encoder::
+
+    source ids ──► embedding ──► start(): encoder stack ──► DecoderState(memory, mask)
+    target prefix ──► embedding ──► forward(x, state): decoder stack ──► h ──► x̂ ──► logits
+
+The source and the target share the input embedding (one joint subword vocabulary), as
+the decoder's input embedding is tied to the output layer (``model.output.kind = "tied"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from targetlm.modules.encoders import (
+    ENCODERS,
+    FEEDFORWARD_ACTIVATIONS,
+    Encoder,
+    sinusoidal_positions,
+)
+
+KeyValue = tuple[torch.Tensor, torch.Tensor]  # (B, heads, L, d/heads) each
+
+
+@dataclass(frozen=True)
+class DecoderState:
+    """What the decoder continues: the encoded source and the target prefix read so far.
+
+    memory: (B, S, d) the encoder's output. memory_mask: (B, S) bool, True at real source
+    tokens. length: target tokens already read (the positions of the next ones). self_kv:
+    per decoder layer the keys and values of those tokens (None: nothing read yet, or the
+    cache is off). memory_kv: per layer the cross-attention keys and values of the memory
+    (computed once, on the first step).
+    """
+
+    memory: torch.Tensor
+    memory_mask: torch.Tensor
+    length: int = 0
+    self_kv: tuple[KeyValue, ...] | None = None
+    memory_kv: tuple[KeyValue, ...] | None = None
+
+    def select(self, index: torch.Tensor) -> DecoderState:
+        """The state of batch rows ``index`` (beam search reorders its hypotheses with it)."""
+
+        def pick(pairs: tuple[KeyValue, ...] | None) -> tuple[KeyValue, ...] | None:
+            if pairs is None:
+                return None
+            return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in pairs)
+
+        return DecoderState(
+            self.memory.index_select(0, index),
+            self.memory_mask.index_select(0, index),
+            self.length,
+            pick(self.self_kv),
+            pick(self.memory_kv),
+        )
+
+
+class Attention(nn.Module):
+    """Multi-head attention through ``scaled_dot_product_attention``, with separate query and
+    key/value inputs (self- or cross-attention) and keys/values that may be carried."""
+
+    def __init__(self, d: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        if d % num_heads:
+            raise ValueError(f"model_size {d} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.dropout = num_heads, dropout
+        self.query = nn.Linear(d, d)
+        self.key_value = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, d) -> (B, heads, L, d/heads)."""
+        B, L, d = x.shape
+        return x.view(B, L, self.num_heads, d // self.num_heads).transpose(1, 2)
+
+    def keys_values(self, x: torch.Tensor) -> KeyValue:
+        k, v = self.key_value(x).chunk(2, -1)
+        return self.split(k), self.split(v)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: KeyValue,
+        *,
+        causal: bool = False,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, d) attends to keys/values (B, heads, L, d/heads); causal: query t (the last
+        T of the L positions) sees keys up to its own position; key_mask (B, L): True = attend."""
+        B, T, d = x.shape
+        q = self.split(self.query(x))
+        k, v = kv
+        mask = None
+        if key_mask is not None:
+            mask = key_mask[:, None, None, :]  # (B, 1, 1, L)
+        if causal and T > 1:
+            L = k.size(2)
+            allowed = torch.ones(T, L, dtype=torch.bool, device=x.device).tril(L - T)
+            mask = allowed if mask is None else mask & allowed
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.proj(out.transpose(1, 2).reshape(B, T, d))
+
+
+class _Block(nn.Module):
+    """Residual sublayers, pre-LN (x + f(LN(x))) or post-LN (LN(x + f(x)))."""
+
+    def __init__(
+        self, d: int, ff_size: int, dropout: float, norm: str, activation: str, sublayers: int
+    ) -> None:
+        super().__init__()
+        self.pre_norm = norm == "pre"
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(sublayers))
+        self.ff = nn.Sequential(
+            nn.Linear(d, ff_size), FEEDFORWARD_ACTIVATIONS[activation](), nn.Linear(ff_size, d)
+        )
+        self.drop = nn.Dropout(dropout)
+
+    def residual(self, i: int, x: torch.Tensor, f) -> torch.Tensor:
+        if self.pre_norm:
+            return x + self.drop(f(self.norms[i](x)))
+        return self.norms[i](x + self.drop(f(x)))
+
+
+class EncoderLayer(_Block):
+    def __init__(self, d, num_heads, ff_size, dropout, attention_dropout, norm, activation):
+        super().__init__(d, ff_size, dropout, norm, activation, sublayers=2)
+        self.attention = Attention(d, num_heads, attention_dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.residual(0, x, lambda y: self.attention(y, self.attention.keys_values(y), key_mask=mask))
+        return self.residual(1, x, self.ff)
+
+
+class DecoderLayer(_Block):
+    def __init__(self, d, num_heads, ff_size, dropout, attention_dropout, norm, activation):
+        super().__init__(d, ff_size, dropout, norm, activation, sublayers=3)
+        self.self_attention = Attention(d, num_heads, attention_dropout)
+        self.cross_attention = Attention(d, num_heads, attention_dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        past: KeyValue | None,
+        memory_kv: KeyValue,
+        memory_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, KeyValue]:
+        """x (B, T, d), the keys/values of the earlier positions -> (B, T, d), all keys/values."""
+        kv: KeyValue = (torch.empty(0), torch.empty(0))
+
+        def attend(y: torch.Tensor) -> torch.Tensor:
+            nonlocal kv
+            k, v = self.self_attention.keys_values(y)
+            if past is not None:
+                k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+            kv = (k, v)
+            return self.self_attention(y, kv, causal=True)
+
+        x = self.residual(0, x, attend)
+        x = self.residual(
+            1, x, lambda y: self.cross_attention(y, memory_kv, key_mask=memory_mask)
+        )
+        return self.residual(2, x, self.ff), kv
+
+
+@ENCODERS.register("transformer_seq2seq")
+class TransformerSeq2Seq(Encoder):
+    """Encoder–decoder Transformer: a bidirectional encoder over the source, a causal decoder
+    with cross-attention over it (fairseq's ``transformer``; Heo et al.'s Small Enc-Dec TF is
+    d 512, ff 1024, 6 + 6 layers, 4 heads, post-LN).
+
+    Needs a :class:`DecoderState` from :meth:`start` (the ``translation`` task makes it);
+    ``forward(x, None)`` is an error. The decoder keeps keys and values in the returned state
+    (``cache=True`` in :meth:`start`) so decoding one token at a time costs one position.
+
+    Args:
+        input_size: the embedding size (supplied by the builder).
+        model_size: the residual width (default input_size; linear maps otherwise).
+        encoder_layers / decoder_layers / num_heads / ff_size: the stacks' shape.
+        dropout: on residual branches and the (scaled, positioned) inputs.
+        attention_dropout: on attention weights (fairseq's default 0).
+        max_context: the longest source or target the positions cover.
+        positions: ``sinusoidal`` (Vaswani et al., fairseq) or ``learned``.
+        norm: ``post`` (Vaswani et al., fairseq's default, Heo et al.'s fairseq models) or
+            ``pre`` (a final LayerNorm on both stacks).
+        activation: the feed-forward activation, ``relu`` (Vaswani et al.) or ``gelu``.
+        scale_embedding: multiply the embedded tokens by √d (Vaswani et al., fairseq).
+    """
+
+    conditional = True  # needs a source: forward's state comes from start()
+
+    def __init__(
+        self,
+        input_size: int,
+        model_size: int | None = None,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        num_heads: int = 4,
+        ff_size: int = 1024,
+        dropout: float = 0.3,
+        attention_dropout: float = 0.0,
+        max_context: int = 256,
+        positions: Literal["learned", "sinusoidal"] = "sinusoidal",
+        norm: Literal["pre", "post"] = "post",
+        activation: Literal["gelu", "relu"] = "relu",
+        scale_embedding: bool = True,
+    ) -> None:
+        super().__init__()
+        d = model_size or input_size
+        if norm not in ("pre", "post"):
+            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+        if activation not in FEEDFORWARD_ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}, got {activation!r}"
+            )
+        if positions not in ("learned", "sinusoidal"):
+            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
+        if min(encoder_layers, decoder_layers) < 1:
+            raise ValueError("encoder_layers and decoder_layers must be >= 1")
+        self.output_size, self.max_context = d, max_context
+        self.scale = math.sqrt(input_size) if scale_embedding else 1.0
+        self.source_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
+        self.target_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
+        if positions == "learned":
+            self.positions = nn.Parameter(torch.randn(max_context, d) * 0.02)
+        else:
+            self.register_buffer(
+                "positions", sinusoidal_positions(max_context, d), persistent=False
+            )
+        self.drop = nn.Dropout(dropout)
+        layer = (num_heads, ff_size, dropout, attention_dropout, norm, activation)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(d, *layer) for _ in range(encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(d, *layer) for _ in range(decoder_layers))
+        self.encoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
+
+    def _check_length(self, length: int, what: str) -> None:
+        if length > self.max_context:
+            raise ValueError(
+                f"{what} of {length} tokens exceeds the model's max_context {self.max_context}"
+            )
+
+    def start(
+        self, source: torch.Tensor, mask: torch.Tensor, *, cache: bool = False
+    ) -> DecoderState:
+        """Encode the embedded source (B, S, input_size) with mask (B, S) (True = a real
+        token): the state a target prefix starts from. ``cache``: keep keys/values while
+        decoding (one token per call)."""
+        self._check_length(source.size(1), "a source")
+        S = source.size(1)
+        h = self.drop(self.source_map(source * self.scale) + self.positions[:S])
+        for layer in self.encoder_layers:
+            h = layer(h, mask)
+        state = DecoderState(self.encoder_norm(h), mask)
+        if cache:
+            memory_kv = tuple(
+                layer.cross_attention.keys_values(state.memory) for layer in self.decoder_layers
+            )
+            state = replace(state, self_kv=(), memory_kv=memory_kv)
+        return state
+
+    def forward(
+        self, x: torch.Tensor, state: DecoderState | None = None
+    ) -> tuple[torch.Tensor, DecoderState]:
+        """The embedded target prefix x (B, T, input_size), continuing ``state`` -> h (B, T, d)
+        and the state after it (its cache grown by T positions when the cache is on)."""
+        if not isinstance(state, DecoderState):
+            raise ValueError(
+                "the transformer_seq2seq encoder needs a source: its state comes from start() "
+                "(use task.kind = 'translation')"
+            )
+        T, start = x.size(1), state.length
+        self._check_length(start + T, "a target prefix")
+        h = self.drop(self.target_map(x * self.scale) + self.positions[start : start + T])
+        cached = state.self_kv is not None
+        memory_kv = state.memory_kv
+        if memory_kv is None:
+            memory_kv = tuple(
+                layer.cross_attention.keys_values(state.memory) for layer in self.decoder_layers
+            )
+        new_kv = []
+        for i, layer in enumerate(self.decoder_layers):
+            past = state.self_kv[i] if cached and state.self_kv else None
+            h, kv = layer(h, past, memory_kv[i], state.memory_mask)
+            new_kv.append(kv)
+        new_state = DecoderState(
+            state.memory,
+            state.memory_mask,
+            start + T,
+            tuple(new_kv) if cached else None,
+            state.memory_kv,
+        )
+        return self.decoder_norm(h), new_state

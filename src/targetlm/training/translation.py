@@ -1,0 +1,91 @@
+"""Training a translation model: the LM trainer with sentence pairs for data.
+
+Everything but the data is :class:`~targetlm.training.trainer.Trainer`'s: the step (the
+task's ``predict``, then the run's objective, N-gram heads included), the schedule, the
+checkpoints with exact resume, early stopping on the validation loss. The data are the
+parallel splits (:mod:`targetlm.data.parallel`), batched by length under a token budget
+(:func:`targetlm.tasks.translation.pair_batches`); validation is the teacher-forced
+perplexity of the target side, and the final results add BLEU and chrF of beam search
+(``eval.beam``) on the validation and test splits.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from targetlm.data.parallel import ParallelSplit, decode_ids, load_parallel
+from targetlm.inference.translate import (
+    DecodeOptions,
+    evaluate_pairs,
+    score_translations,
+    translate_ids,
+)
+from targetlm.registry import ConfigError
+from targetlm.tasks.translation import pair_batches
+from targetlm.training.trainer import Trainer
+
+
+class TranslationTrainer(Trainer):
+    """``task.kind = "translation"``: trains an encoder–decoder on ``data.source_lang`` →
+    ``data.target_lang`` pairs."""
+
+    def _load_data(self) -> None:
+        c = self.config
+        if c.train.init_from:
+            raise ConfigError("train.init_from: finetuning is for language models, not translation")
+        self.corpus = load_parallel(c.data)
+        self.vocab = self.corpus.vocab
+        train = self.corpus.splits[c.data.train]
+        if train.skipped:
+            self.log(f"skipped {train.skipped} training pairs with an empty side")
+        self.eval_batches = {
+            name: self._pairs(self.corpus.splits[getattr(c.data, name)])
+            for name in ("valid", "test")
+        }
+        return None
+
+    def _pairs(self, split: ParallelSplit) -> list:
+        c = self.config.data
+        return pair_batches(
+            split.source,
+            split.target,
+            self.vocab.eos_id,
+            max_tokens=c.max_tokens,
+            batch_size=c.batch_size,
+        )
+
+    def _training_batches(self) -> list:
+        return self._pairs(self.corpus.splits[self.config.data.train])
+
+    def _evaluate(self, split: str) -> dict[str, Any]:
+        return evaluate_pairs(self.model, self.eval_batches[split], self.task, self.device)
+
+    def _split_results(self, split: str) -> dict[str, Any]:
+        c = self.config
+        result = self._evaluate(split)
+        part = self.corpus.splits[getattr(c.data, split)]
+        start = time.perf_counter()
+        outputs = translate_ids(
+            self.model,
+            part.source,
+            DecodeOptions(beam=c.eval.beam),
+            self.vocab.eos_id,
+            batch_size=c.eval.batch_size,
+            device=self.device,
+        )
+        seconds = time.perf_counter() - start
+        hypotheses = [decode_ids(self.vocab.tokenizer, self.vocab, o) for o in outputs]
+        scores = score_translations(hypotheses, part.target_lines)
+        self.log(
+            f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} (beam {c.eval.beam}, "
+            f"{len(hypotheses) / seconds:.1f} sentences/s) {scores['bleu_signature']}"
+        )
+        return {
+            "ppl": result["ppl"],
+            "nll": result["nll"],
+            "tokens": result["tokens"],
+            **scores,
+            "beam": c.eval.beam,
+            "sentences_per_s": len(hypotheses) / seconds,
+        }
