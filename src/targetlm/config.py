@@ -126,6 +126,12 @@ class TrainConfig:
     # segment and averaged over the batch rows (Zaremba et al.'s TensorFlow code, whose lr = 1
     # and clip = 5 assume it): T times the gradient of "mean"
     loss_reduction: Literal["mean", "sum_over_time"] = "mean"
+    # the logit layer + loss (targetlm.chunked): "full" builds the (tokens x V) logits, "chunked"
+    # goes through tiles of loss_chunk_tokens x loss_chunk_vocab (memory O(tokens + V + a tile);
+    # every objective that can), "auto": chunked from 2**25 logits per step (tokens x heads x V)
+    loss_impl: Literal["full", "chunked", "auto"] = "auto"
+    loss_chunk_tokens: int = 256
+    loss_chunk_vocab: int = 65536  # >= V: a tile spans whole rows (fastest on a CPU)
     epochs: int = 1
     max_steps: int = 0  # 0: no limit besides epochs
     early_stopping: int = 0  # stop after this many evaluations without improvement; 0 disables
@@ -252,6 +258,8 @@ def validate(config: Config) -> None:
         "eval.batch_size": config.eval.batch_size,
         "train.epochs": config.train.epochs,
         "train.log_every": config.train.log_every,
+        "train.loss_chunk_tokens": config.train.loss_chunk_tokens,
+        "train.loss_chunk_vocab": config.train.loss_chunk_vocab,
     }
     for key, value in positive.items():
         if value < 1:

@@ -1,7 +1,8 @@
 """Pure functions for the papers' equations. Each docstring names its equation.
 
 Later issues add the augmented loss (Inan et al.), the subspace distance, WDR,
-the N-gram total loss and the head ensemble (Heo et al.) here.
+the N-gram total loss and the head ensemble (Heo et al.) here. The logit layer and its loss
+in tiles, without the (N, V) logits, is :func:`chunked_logit_loss` (from :mod:`targetlm.chunked`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from targetlm.chunked import ChunkedLoss, LogitTerms, chunked_logit_loss  # noqa: F401 (re-exported)
 
 IGNORE = -100
 
@@ -57,6 +60,16 @@ def cross_entropy(
     uniform = -log_probs.mean(1)
     loss = ((1 - label_smoothing) * nll + label_smoothing * uniform)[mask].sum() / count
     return loss, nll[mask].sum().detach(), count
+
+
+def z_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE) -> torch.Tensor:
+    """The z-loss (Chowdhery et al. 2022, PaLM): ``mean_i (log Z_i)²`` over the scored positions.
+
+    logits (N, V), targets (N,). ``log Z_i = logsumexp_v z_iv``; it keeps the normaliser near 1.
+    """
+    mask = targets != ignore_index
+    log_norm = torch.logsumexp(_at_least_float32(logits[mask]), -1)
+    return log_norm.square().sum() / max(int(mask.sum()), 1)
 
 
 def augmented_loss(

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from targetlm import functional
+from targetlm.chunked import logit_statistics
 from targetlm.data.batching import IGNORE
 from targetlm.inference.caches import NeuralCache, UnigramCache, interpolate
 from targetlm.modules.heads import NgramHeads
@@ -134,10 +135,22 @@ class Segment:
 
 @dataclass
 class StreamLogits:
-    """One stream's logit layer output for a segment: logits (B, T, V_scored), log Z (B, T)."""
+    """One stream's logit layer for a segment: x̂ ``vectors`` (B, T, d) over ``weight`` E_out
+    (V_scored, d) and ``bias``; log Z (B, T); the logits (B, T, V_scored) when the evaluation
+    built them (None when it ran chunked: :meth:`log_mass` then reads them in tiles)."""
 
-    logits: torch.Tensor
+    vectors: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
     log_norm: torch.Tensor
+    logits: torch.Tensor | None = None
+
+    def log_mass(self, start: int) -> torch.Tensor:
+        """``logsumexp`` of the logits of words ``start..V_scored − 1`` at each position (B, T)."""
+        if self.logits is not None:
+            return torch.logsumexp(self.logits[..., start:], -1)
+        bias = None if self.bias is None else self.bias[start:]
+        return logit_statistics(self.vectors, self.weight[start:], bias)[0]
 
 
 class VectorCombiner(ABC):
@@ -360,7 +373,7 @@ class NewWordWeight(ProbabilityCombiner):
             return probs
         known, omega = context.known, self.weight
         if context.compositional:
-            new_mass = (torch.logsumexp(stream.logits[..., known:], -1) - stream.log_norm).exp()
+            new_mass = (stream.log_mass(known) - stream.log_norm).exp()
         else:
             mass = self.uniform_weight * context.new_words / context.vocab_size
             new_mass = torch.full_like(probs, mass)

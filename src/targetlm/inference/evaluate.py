@@ -8,6 +8,12 @@ makes one x̂ per stream, the logit layer runs once per stream and the probabili
 Perplexity (:func:`evaluate_stream`), the head ensemble (``evaluate_ensemble``), per-token
 scoring with open vocabulary and caches (``score_text``) and the word-probability analysis
 are this loop with different combiners and outputs.
+
+The logit layer runs full (the (B, T, V) logits) or chunked (:func:`targetlm.chunked.logit_statistics`:
+log Z and the target's logit tile by tile, never the (B, T, V) matrix); ``loss_impl = "auto"``
+(the default) chunks from ``AUTO_CHUNK_ELEMENTS`` (2**25) logits per segment and stream,
+unless an ``inspect`` callback asks for the logits. The open-vocabulary mixture reads its
+new-word mass in tiles too (:meth:`StreamLogits.log_mass`); the caches need no logits.
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 
 from targetlm import functional
+from targetlm.chunked import AUTO_CHUNK_ELEMENTS, logit_statistics
 from targetlm.data.batching import IGNORE
 from targetlm.inference.combiners import BuiltCombiners, ScoringContext, Segment, StreamLogits
 from targetlm.modules.model import LanguageModel
@@ -61,6 +69,7 @@ def evaluate_ids(
     inspect: Inspector | None = None,
     task: Task | None = None,
     device: str | torch.device = "cpu",
+    loss_impl: Literal["full", "chunked", "auto"] = "auto",
 ) -> list[StreamResult]:
     """Score every target of a stream; one :class:`StreamResult` per stream (the main head's
     first, then one per vector-combiner stream, e.g. per λ).
@@ -78,6 +87,7 @@ def evaluate_ids(
         per_token: also return per-token log-probabilities.
         inspect: called with the main stream's logits and targets of every segment.
         task: how the stream becomes batches and the model reads them (default ``lm``).
+        loss_impl: the logit layer ``full``, ``chunked`` or ``auto`` (see the module docstring).
     """
     was_training = model.training
     model.eval()
@@ -116,16 +126,22 @@ def evaluate_ids(
             done: dict[int, tuple[float, torch.Tensor | None]] = {}  # λ = 0 is the main x̂
             for s, vectors in enumerate(predicted):
                 if id(vectors) not in done:
-                    logits = functional.logits(vectors, weight, bias)  # (B, T, V_scored)
-                    if inspect is not None and s == 0:
-                        inspect(logits, y)
-                    if exact_probs:
-                        done[id(vectors)] = _combined_log_probs(
-                            logits, y, context, probability, current
-                        )
-                    else:
+                    chunked = loss_impl == "chunked" or (
+                        loss_impl == "auto"
+                        and inspect is None
+                        and vectors.shape[:-1].numel() * weight.size(0) >= AUTO_CHUNK_ELEMENTS
+                    )
+                    if not exact_probs and not chunked:  # summed cross entropy, as in training
+                        logits = functional.logits(vectors, weight, bias)  # (B, T, V_scored)
+                        if inspect is not None and s == 0:
+                            inspect(logits, y)
                         nll_sum = functional.cross_entropy(logits.flatten(0, -2), y.reshape(-1))[1]
                         done[id(vectors)] = (float(nll_sum), None)
+                    else:
+                        done[id(vectors)] = _stream_log_probs(
+                            vectors, weight, bias, current, context, probability, chunked,
+                            inspect if s == 0 else None, exact_probs,
+                        )  # fmt: skip
                 nll_sum, token_log_probs = done[id(vectors)]
                 totals[s] += nll_sum
                 if batch.positions is not None and token_log_probs is not None:
@@ -140,22 +156,66 @@ def evaluate_ids(
     ]
 
 
+def _stream_log_probs(
+    vectors: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    segment: Segment,
+    context: ScoringContext,
+    probability: list,
+    chunked: bool,
+    inspect: Inspector | None,
+    exact_probs: bool,
+) -> tuple[float, torch.Tensor | None]:
+    """One stream's summed NLL and, with ``exact_probs``, its log p(y_t) (B, T) after the
+    probability combiners; the logit layer full or chunked."""
+    targets = segment.targets
+    stream, gathered = _stream_logits(vectors, weight, bias, targets, context, chunked)
+    if inspect is not None:
+        inspect(stream.logits, targets)
+    if exact_probs:
+        return _combined_log_probs(stream, gathered, targets, context, probability, segment)
+    valid = targets != IGNORE
+    return float((stream.log_norm - gathered)[valid].double().sum()), None
+
+
+def _stream_logits(
+    vectors: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    context: ScoringContext,
+    chunked: bool,
+) -> tuple[StreamLogits, torch.Tensor]:
+    """One stream's logit layer: its :class:`StreamLogits` and each target's logit (B, T) (any
+    value where the target is padding or beyond the scored words). Full: the logits in float32;
+    chunked: log Z and the target logits tile by tile."""
+    scored = context.scored_size
+    if chunked:
+        in_scored = (targets != IGNORE) & (targets < scored)
+        log_norm, gathered = logit_statistics(
+            vectors, weight, bias, targets.masked_fill(~in_scored, IGNORE)
+        )
+        return StreamLogits(vectors, weight, bias, log_norm), gathered
+    logits = functional.logits(vectors, weight, bias).float()  # (B, T, V_scored)
+    log_norm = torch.logsumexp(logits, -1)  # (B, T)
+    gathered = logits.gather(-1, targets.clamp(0, scored - 1)[..., None]).squeeze(-1)
+    return StreamLogits(vectors, weight, bias, log_norm, logits), gathered
+
+
 def _combined_log_probs(
-    logits: torch.Tensor,
+    stream: StreamLogits,
+    gathered: torch.Tensor,
     targets: torch.Tensor,
     context: ScoringContext,
     probability: list,
     segment: Segment,
 ) -> tuple[float, torch.Tensor]:
     """log p(y_t) (B, T) of one stream after the probability combiners, and its summed NLL."""
-    logits = logits.float()
-    log_norm = torch.logsumexp(logits, -1)  # (B, T)
     valid = targets != IGNORE
-    scored = context.scored_size
-    in_scored = valid & (targets < scored)
-    gathered = logits.gather(-1, targets.clamp(0, scored - 1)[..., None]).squeeze(-1)
+    in_scored = valid & (targets < context.scored_size)
+    log_norm = stream.log_norm
     probs = torch.where(in_scored, (gathered - log_norm).exp(), torch.zeros_like(log_norm))
-    stream = StreamLogits(logits, log_norm)
     for combiner in probability:
         probs = combiner.combine(probs, stream, segment)
     token_log_probs = probs.log()

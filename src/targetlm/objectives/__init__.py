@@ -10,18 +10,29 @@ import torch
 from torch import nn
 
 from targetlm import functional
+from targetlm.chunked import LogitTerms
 from targetlm.objectives.base import OBJECTIVES, LossOutput
 
 
 @OBJECTIVES.register("cross_entropy")
 class CrossEntropyObjective(nn.Module):
-    """Next-word cross entropy, optionally label-smoothed (``label_smoothing`` = ε in [0, 1))."""
+    """Next-word cross entropy, optionally label-smoothed (``label_smoothing`` = ε in [0, 1)),
+    plus ``z_loss``·mean (log Z)² (:func:`targetlm.functional.z_loss`; 0: none)."""
 
-    def __init__(self, label_smoothing: float = 0.0) -> None:
+    chunkable = True  # the N-gram loss may run it through targetlm.chunked (logit_terms)
+
+    def __init__(self, label_smoothing: float = 0.0, z_loss: float = 0.0) -> None:
         super().__init__()
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        if z_loss < 0:
+            raise ValueError(f"z_loss must be >= 0, got {z_loss}")
         self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+
+    def logit_terms(self, weight: torch.Tensor) -> LogitTerms:
+        """The same loss per row for :func:`targetlm.chunked.chunked_logit_loss`."""
+        return LogitTerms(label_smoothing=self.label_smoothing, z_loss=self.z_loss)
 
     def forward(
         self,
@@ -31,9 +42,10 @@ class CrossEntropyObjective(nn.Module):
         bias: torch.Tensor | None,
     ) -> LossOutput:
         logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
-        loss, nll_sum, count = functional.cross_entropy(
-            logits, targets.reshape(-1), self.label_smoothing
-        )
+        targets = targets.reshape(-1)
+        loss, nll_sum, count = functional.cross_entropy(logits, targets, self.label_smoothing)
+        if self.z_loss and count:
+            loss = loss + self.z_loss * functional.z_loss(logits, targets)
         return LossOutput(loss, nll_sum, count)
 
 

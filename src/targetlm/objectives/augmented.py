@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from targetlm import functional
+from targetlm.chunked import LogitTerms
 from targetlm.data.batching import IGNORE
 from targetlm.objectives.base import OBJECTIVES, LossOutput
 
@@ -26,6 +27,7 @@ class AugmentedLossObjective(nn.Module):
         alpha: the KL weight, overriding γ·τ.
         beta: use the analysis form with this β in [0, 1] instead of J + α·KL.
         label_smoothing: ε of the cross-entropy term.
+        z_loss: weight of the z-loss mean (log Z)² added to either form (0: none).
         detach_target: treat ỹ as a constant (the paper's analysis); false lets gradients
             reach ``E_out`` through ỹ as well.
         target_source: ``input`` (the paper's, eq. 3.6 and §4: "⟨u_t, l_j⟩") builds ỹ from
@@ -42,6 +44,7 @@ class AugmentedLossObjective(nn.Module):
         alpha: float | None = None,
         beta: float | None = None,
         label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
         detach_target: bool = True,
         target_source: Literal["input", "output"] = "input",
         embedding: nn.Module | None = None,
@@ -58,13 +61,43 @@ class AugmentedLossObjective(nn.Module):
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        if z_loss < 0:
+            raise ValueError(f"z_loss must be >= 0, got {z_loss}")
         self.tau = tau
         self.alpha = gamma * tau if alpha is None else alpha
         self.beta = beta
         self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
         self.detach_target = detach_target
         # a list so the embedding's parameters stay owned (and counted) by the model only
         self.embedding = [embedding] if target_source == "input" else None
+
+    @property
+    def chunkable(self) -> bool:
+        """Whether :meth:`logit_terms` exists: the chunked path treats ỹ as a constant."""
+        return self.detach_target
+
+    def _table(self, weight: torch.Tensor) -> torch.Tensor:
+        """L of ỹ = softmax(L · L[y]ᵀ / τ): the input embedding's table or E_out."""
+        return weight if self.embedding is None else self.embedding[0].table()
+
+    def logit_terms(self, weight: torch.Tensor) -> LogitTerms:
+        """The same loss per row for :func:`targetlm.chunked.chunked_logit_loss`
+        (``detach_target`` only: gradients through ỹ need the full path)."""
+        if not self.detach_target:
+            raise ValueError("the chunked AL treats ỹ as a constant: needs detach_target = true")
+        if self.beta is None:
+            ce_weight, kl_weight = 1.0, self.alpha
+        else:
+            ce_weight, kl_weight = 1 - self.beta, self.beta * self.tau**2 * weight.size(0)
+        return LogitTerms(
+            ce_weight=ce_weight,
+            label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss,
+            kl_weight=kl_weight,
+            tau=self.tau,
+            soft_table=self._table(weight),
+        )
 
     def forward(
         self,
@@ -78,13 +111,16 @@ class AugmentedLossObjective(nn.Module):
         ce, nll_sum, count = functional.cross_entropy(logits, targets, self.label_smoothing)
         if count == 0:
             return LossOutput(ce, nll_sum, count)
+        z_term = self.z_loss * functional.z_loss(logits, targets) if self.z_loss else None
         if count < targets.numel():  # padding: score only real targets (a copy of the logits)
             mask = targets != IGNORE
             logits, targets = logits[mask], targets[mask]
-        table = weight if self.embedding is None else self.embedding[0].table()
+        table = self._table(weight)
         kl = functional.augmented_kl(logits, targets, table, self.tau, self.detach_target).mean()
         if self.beta is None:
             loss = ce + self.alpha * kl
         else:
             loss = self.beta * self.tau**2 * weight.size(0) * kl + (1 - self.beta) * ce
+        if z_term is not None:
+            loss = loss + z_term
         return LossOutput(loss, nll_sum, count)

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from targetlm import functional
+from targetlm.chunked import (
+    AUTO_CHUNK_ELEMENTS,
+    CHUNK_TOKENS,
+    CHUNK_VOCAB,
+    check_targets,
+    chunked_logit_loss,
+)
 from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
@@ -20,6 +27,7 @@ if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
 
 NGRAM_ALPHA = "ngram_alpha"  # the [objective] key of α (the wrapped objective never sees it)
+LossImpl = Literal["full", "chunked", "auto"]
 
 
 class NgramLoss(nn.Module):
@@ -29,6 +37,15 @@ class NgramLoss(nn.Module):
     entropy, AL, ...) applied to head n's reconstructed prediction x̂_{t+n} with the targets n
     columns later; L₀ to the main x̂_t. Without heads (N = 1) it is the wrapped objective
     itself. ``nll_sum``/``count`` stay L₀'s: perplexity is next-word perplexity.
+
+    ``loss_impl``: ``full`` runs the wrapped objective on each head's (B·T, V) logits;
+    ``chunked`` stacks the rows of every head (their shifted targets, and per-row weights
+    ``w_n / count_n`` with w_0 = ½ and w_n = α/(2N−2)) into one
+    :func:`targetlm.chunked.chunked_logit_loss` call with the objective's
+    ``logit_terms``: E_out (and AL's table) is built and read once per step, and no
+    (tokens × V) matrix exists. ``auto``: chunked when the objective allows it and the step
+    has at least ``AUTO_CHUNK_ELEMENTS`` (2**25) logits, rows (all heads) × V. Equal results
+    within float tolerance.
 
     ``forward(prediction, targets, weight, bias)``: the model's :class:`Prediction` (x̂
     (B, T, d), heads' raw outputs (N−1, B, T, d)); targets (B, T + lookahead), the segment's
@@ -41,14 +58,34 @@ class NgramLoss(nn.Module):
         heads: the model's heads (not owned here: their parameters are the model's); only
             their ``reconstruct`` (the WDR conjugate, from the true words) is used. None: N = 1.
         alpha: α (``objective.ngram_alpha``).
+        loss_impl: ``full`` | ``chunked`` | ``auto`` (``train.loss_impl``).
+        chunk_tokens, chunk_vocab: the chunked path's tile (``train.loss_chunk_tokens``,
+            ``train.loss_chunk_vocab``).
     """
 
     def __init__(
-        self, objective: nn.Module, heads: NgramHeads | None = None, alpha: float = 1.0
+        self,
+        objective: nn.Module,
+        heads: NgramHeads | None = None,
+        alpha: float = 1.0,
+        loss_impl: LossImpl = "full",
+        chunk_tokens: int = CHUNK_TOKENS,
+        chunk_vocab: int = CHUNK_VOCAB,
     ) -> None:
         super().__init__()
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if loss_impl not in ("full", "chunked", "auto"):
+            raise ValueError(f"loss_impl must be full, chunked or auto, got {loss_impl!r}")
+        if chunk_tokens < 1 or chunk_vocab < 1:
+            raise ValueError(f"the loss tile must be >= 1 x 1, got {chunk_tokens} x {chunk_vocab}")
+        if loss_impl == "chunked" and not getattr(objective, "chunkable", False):
+            raise ValueError(
+                f"loss_impl = 'chunked': {type(objective).__name__} cannot run chunked "
+                "(AL needs detach_target = true); use 'full' or 'auto'"
+            )
+        self.loss_impl = loss_impl
+        self.chunk = (chunk_tokens, chunk_vocab)
         self.objective = objective
         self.heads = [heads]  # a list so the heads stay registered in the model only
         self.alpha = alpha
@@ -62,14 +99,25 @@ class NgramLoss(nn.Module):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> list[LossOutput]:
-        """[L₀, L₁, ..., L_{N−1}] as the wrapped objective's records (mean loss, NLL, count)."""
+        """[L₀, L₁, ..., L_{N−1}] as the wrapped objective's records (mean loss, NLL, count),
+        each on its own full logits."""
+        return [
+            self.objective(p, t, weight, bias)
+            for p, t in self.head_rows(prediction, targets, weight)
+        ]
+
+    def head_rows(
+        self, prediction: Prediction, targets: torch.Tensor, weight: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """[(x̂, targets)] of the main head and each head n: x̂_{t+n} (B, T, d) with the targets
+        n columns later (B, T), IGNORE where a head has no target."""
         predicted = prediction.main
         T = predicted.size(1)
         if targets.size(1) < T + self.lookahead:
             targets = F.pad(targets, (0, T + self.lookahead - targets.size(1)), value=IGNORE)
-        records = [self.objective(predicted, targets[:, :T], weight, bias)]
+        rows = [(predicted, targets[:, :T])]
         if self.lookahead == 0:
-            return records
+            return rows
         heads = self.heads[0]
         if prediction.heads is None:
             raise ValueError("the N-gram loss needs the heads' outputs: call the model with them")
@@ -82,8 +130,16 @@ class NgramLoss(nn.Module):
             # (padding only ever ends a row, so: the positions that have a target t+n)
             scored = real.unfold(1, n + 1, 1)[:, :T].all(-1)  # (B, T)
             shifted = targets[:, n : n + T].masked_fill(~scored, IGNORE)
-            records.append(self.objective(head_prediction, shifted, weight, bias))
-        return records
+            rows.append((head_prediction, shifted))
+        return rows
+
+    def uses_chunked(self, rows: int, vocab_size: int) -> bool:
+        """Whether a step of ``rows`` scored rows (all heads) over ``vocab_size`` words runs
+        chunked: always (``chunked``), never (``full``), or from 2**25 logits (``auto``)."""
+        if self.loss_impl == "auto":
+            chunkable = getattr(self.objective, "chunkable", False)
+            return chunkable and rows * vocab_size >= AUTO_CHUNK_ELEMENTS
+        return self.loss_impl == "chunked"
 
     def forward(
         self,
@@ -92,11 +148,57 @@ class NgramLoss(nn.Module):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossOutput:
+        check_targets(targets, weight.size(0))
+        rows = prediction.main.shape[:-1].numel() * (self.lookahead + 1)
+        if self.uses_chunked(rows, weight.size(0)):
+            return self.chunked(prediction, targets, weight, bias)
         records = self.head_losses(prediction, targets, weight, bias)
         if len(records) == 1:
             return records[0]
         loss = functional.ngram_loss([r.loss for r in records], self.alpha)
         return LossOutput(loss, records[0].nll_sum, records[0].count)
+
+    def chunked(
+        self,
+        prediction: Prediction,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> LossOutput:
+        """The same loss in one :func:`~targetlm.chunked.chunked_logit_loss` call over the
+        stacked rows of every head (per-row weight: the head's weight over its count)."""
+        heads = self.head_rows(prediction, targets, weight)
+        d = prediction.main.size(-1)
+        predicted = torch.cat([p.reshape(-1, d) for p, _ in heads])  # (N·B·T, d)
+        stacked = torch.cat([t.reshape(-1) for _, t in heads])  # (N·B·T,)
+        counts = [int((t != IGNORE).sum()) for _, t in heads]
+        # functional.ngram_loss's weights: ½ and α/(2N−2), or 1 without heads
+        head_weights = (
+            [1.0]
+            if self.lookahead == 0
+            else [0.5] + [self.alpha / (2 * self.lookahead)] * self.lookahead
+        )
+        dtype = torch.promote_types(predicted.dtype, torch.float32)
+        row_weights = torch.cat(
+            [
+                torch.full((t.numel(),), w / max(c, 1), dtype=dtype, device=t.device)
+                for (_, t), w, c in zip(heads, head_weights, counts)
+            ]
+        )
+        out = chunked_logit_loss(
+            predicted,
+            weight,
+            bias,
+            stacked,
+            self.objective.logit_terms(weight),
+            row_weights,
+            "sum",
+            *self.chunk,
+        )
+        main = heads[0][1].numel()
+        scored = stacked[:main] != IGNORE
+        nll_sum = (out.log_norm[:main] - out.target_logits[:main])[scored].sum()
+        return LossOutput(out.loss, nll_sum, counts[0])
 
 
 def split_ngram_options(
@@ -121,9 +223,21 @@ def split_ngram_options(
     return float(alpha), rest
 
 
-def build_objective(config: ComponentConfig, model: LanguageModel) -> NgramLoss:
+def build_objective(
+    config: ComponentConfig,
+    model: LanguageModel,
+    loss_impl: LossImpl = "auto",
+    chunk_tokens: int = CHUNK_TOKENS,
+    chunk_vocab: int = CHUNK_VOCAB,
+) -> NgramLoss:
     """The training objective for ``model``: the configured objective inside :class:`NgramLoss`
-    (the wrapped objective alone when the model has no heads)."""
+    (the wrapped objective alone when the model has no heads), computed ``loss_impl``
+    (``train.loss_impl``) with ``chunk_tokens`` x ``chunk_vocab`` tiles when chunked."""
     alpha, options = split_ngram_options(config.options, model.heads is not None)
     objective = OBJECTIVES.build(config.kind, options, "objective", embedding=model.embedding)
-    return NgramLoss(objective, model.heads, alpha)
+    if loss_impl == "chunked" and not getattr(objective, "chunkable", False):
+        raise ConfigError(
+            f"train.loss_impl = 'chunked': objective {config.kind!r} with these options cannot "
+            "run chunked (AL: needs detach_target = true); use 'full' or 'auto'"
+        )
+    return NgramLoss(objective, model.heads, alpha, loss_impl, chunk_tokens, chunk_vocab)

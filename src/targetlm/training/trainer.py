@@ -31,7 +31,6 @@ from targetlm.inference.evaluate import evaluate_stream, perplexity
 from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
-from targetlm.registry import ConfigError
 from targetlm.tasks import TASKS, Batch, Task
 from targetlm.training import finetune
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
@@ -119,7 +118,13 @@ class Trainer:
         if source is not None:
             state, base, where = source
             finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
-        self.objective = build_objective(c.objective, self.model).to(self.device)
+        self.objective = build_objective(
+            c.objective,
+            self.model,
+            c.train.loss_impl,
+            c.train.loss_chunk_tokens,
+            c.train.loss_chunk_vocab,
+        ).to(self.device)
         self.batches = self._training_batches()
         self.optimizer = build_optimizer(
             c.train, list(self.model.parameters()) + list(self.objective.parameters())
@@ -451,7 +456,6 @@ class Trainer:
         """Evaluate the best model on valid and test; write results.json and report.md."""
         from targetlm.analysis.report import write_report
 
-        c = self.config
         wall_time = self.elapsed
         if (self.run_dir / runs.BEST).is_file():
             best = load_checkpoint(self.run_dir / runs.BEST)
