@@ -130,13 +130,20 @@ def _eval_translation(args: argparse.Namespace, config, vocab, model) -> int:
         source = [ids for ids in _encode(vocab, part.source_lines)]
         target = _encode(vocab, part.target_lines)
         batches = pair_batches(
-            source, target, vocab.eos_id, max_tokens=config.data.max_tokens,
+            source,
+            target,
+            vocab.eos_id,
+            max_tokens=config.data.max_tokens,
             batch_size=config.data.batch_size,
         )
         loss = evaluate_pairs(model, batches, task, config.train.device)
         start = time.perf_counter()
         outputs = translate_ids(
-            model, source, options, vocab.eos_id, batch_size=config.eval.batch_size,
+            model,
+            source,
+            options,
+            vocab.eos_id,
+            batch_size=config.eval.batch_size,
             device=config.train.device,
         )
         seconds = time.perf_counter() - start

@@ -24,7 +24,9 @@ def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> 
     interrupted, with a resumable checkpoint left)."""
     from targetlm.training import trainer_for
 
-    trainer = trainer_for(config)(config, run_dir, resume=resume, log=lambda m: print(m, flush=True))
+    trainer = trainer_for(config)(
+        config, run_dir, resume=resume, log=lambda m: print(m, flush=True)
+    )
     results = trainer.train()
     if results.get("interrupted"):
         return 130

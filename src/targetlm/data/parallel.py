@@ -122,7 +122,9 @@ def read_parallel(config: DataConfig, split: str, *, train: bool) -> ParallelSpl
     return ParallelSplit(source, target, skipped=skipped)
 
 
-def encode_lines(tokenizer: Tokenizer, vocab: Vocabulary, lines: Sequence[str]) -> list[torch.Tensor]:
+def encode_lines(
+    tokenizer: Tokenizer, vocab: Vocabulary, lines: Sequence[str]
+) -> list[torch.Tensor]:
     """Each line's ids, ending with ``<eos>``."""
     ids = vocab.encode(tokenizer.tokenize(list(lines)))
     ends = (ids == vocab.eos_id).nonzero().squeeze(1).tolist()

@@ -233,7 +233,7 @@ def beam_search(
         keep = rank.argsort(1)[:, :k]  # (A, k)
         scores = top_scores.gather(1, keep)
         scores = scores.masked_fill(is_eos.gather(1, keep), float("-inf"))
-        parents = (torch.arange(alive.numel(), device=device)[:, None] * k + beams.gather(1, keep))
+        parents = torch.arange(alive.numel(), device=device)[:, None] * k + beams.gather(1, keep)
         new_words = words.gather(1, keep).reshape(-1)
         done = torch.tensor(
             [len(finished[int(s)]) >= k for s in alive.tolist()], dtype=torch.bool, device=device
@@ -241,7 +241,9 @@ def beam_search(
         done |= ~torch.isfinite(scores).any(1)
         still = (~done).nonzero().squeeze(1)
         parents = parents.index_select(0, still).reshape(-1)
-        tokens = torch.cat([tokens.index_select(0, parents), new_words.view(-1, k)[still].reshape(-1, 1)], 1)
+        tokens = torch.cat(
+            [tokens.index_select(0, parents), new_words.view(-1, k)[still].reshape(-1, 1)], 1
+        )
         scores = scores.index_select(0, still)
         alive = alive.index_select(0, still)
         if alive.numel():
@@ -298,7 +300,10 @@ def evaluate_pairs(
         logits = F.linear(prediction.main, weight, bias).float()
         total += float(
             F.cross_entropy(
-                logits.flatten(0, 1), batch.targets.reshape(-1), ignore_index=IGNORE, reduction="sum"
+                logits.flatten(0, 1),
+                batch.targets.reshape(-1),
+                ignore_index=IGNORE,
+                reduction="sum",
             )
         )
         count += int((batch.targets != IGNORE).sum())

@@ -27,7 +27,6 @@ from targetlm.modules.model import (
     detach_state,
     state_to_list,
 )
-from targetlm.modules.seq2seq import DecoderState, TransformerSeq2Seq
 from targetlm.modules.outputs import (
     OUTPUT_LAYERS,
     AdaptiveOutput,
@@ -38,6 +37,7 @@ from targetlm.modules.outputs import (
     ResidualNetwork,
     TiedOutput,
 )
+from targetlm.modules.seq2seq import DecoderState, TransformerSeq2Seq
 
 __all__ = [
     "AdaptiveOutput",

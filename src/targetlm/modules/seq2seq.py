@@ -144,7 +144,9 @@ class EncoderLayer(_Block):
         self.attention = Attention(d, num_heads, attention_dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.residual(0, x, lambda y: self.attention(y, self.attention.keys_values(y), key_mask=mask))
+        x = self.residual(
+            0, x, lambda y: self.attention(y, self.attention.keys_values(y), key_mask=mask)
+        )
         return self.residual(1, x, self.ff)
 
 
@@ -173,9 +175,7 @@ class DecoderLayer(_Block):
             return self.self_attention(y, kv, causal=True)
 
         x = self.residual(0, x, attend)
-        x = self.residual(
-            1, x, lambda y: self.cross_attention(y, memory_kv, key_mask=memory_mask)
-        )
+        x = self.residual(1, x, lambda y: self.cross_attention(y, memory_kv, key_mask=memory_mask))
         return self.residual(2, x, self.ff), kv
 
 

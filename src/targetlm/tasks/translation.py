@@ -30,9 +30,7 @@ def pad(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=value)
 
 
-def make_batch(
-    source: Sequence[torch.Tensor], target: Sequence[torch.Tensor], eos: int
-) -> Batch:
+def make_batch(source: Sequence[torch.Tensor], target: Sequence[torch.Tensor], eos: int) -> Batch:
     """One :class:`Batch` of pairs (each side's ids end with ``<eos>``)."""
     src = pad(source, 0)
     lengths = torch.tensor([len(s) for s in source])

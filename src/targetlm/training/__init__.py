@@ -1,12 +1,12 @@
 """Training: the loop, optimisers and schedules, checkpoints with exact resume."""
 
-from targetlm.checkpoint import CheckpointError, save_atomic
-from targetlm.training.optim import LrSchedule, build_optimizer
 from pathlib import Path
 from typing import Any
 
+from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.config import Config
 from targetlm.registry import ConfigError
+from targetlm.training.optim import LrSchedule, build_optimizer
 from targetlm.training.trainer import RunDirError, Trainer, TrainingDiverged
 from targetlm.training.translation import TranslationTrainer
 
