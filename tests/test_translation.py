@@ -429,3 +429,15 @@ def test_multi30k_is_registered_with_pinned_gzip_files_and_downloads_them(monkey
     )
     target = download("tiny30k", tmp_path / "data" / "tiny30k")
     assert (target / "train.de").read_text() == "Ein Hund.\n"
+
+
+def test_data_info_lists_the_multi30k_splits_and_languages(capsys):
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("TARGETLM_DATA")
+    if not root or not (Path(root) / "multi30k" / "train.en").is_file():
+        pytest.skip("TARGETLM_DATA with multi30k/ is not set (the shared data)")
+    assert main(["data", "info", "multi30k"]) == 0
+    out = capsys.readouterr().out
+    assert "test_2016_flickr" in out and "29,000" in out and "1,014" in out

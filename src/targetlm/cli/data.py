@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     base = config_lib.DataConfig(name=args.name, dir=args.dir)
     print(f"{spec.name}: {spec.description}")
+    if spec.languages:
+        return _parallel_info(base, spec)
     splits = {s: read_split(base, s) for s in spec.splits}
     vocab = Vocabulary.build(splits["train"]) if "train" in splits else None
     if vocab is not None:
@@ -36,6 +38,21 @@ def run(args: argparse.Namespace) -> int:
         if vocab is not None:
             line += f"{vocab.oov_rate(tokens):>10.2%}{vocab.unigram_perplexity(tokens):>13.1f}"
         print(line)
+    return 0
+
+
+def _parallel_info(base: config_lib.DataConfig, spec) -> int:
+    """Sentence pairs, words and word types per split and language of a parallel corpus."""
+    from targetlm.data.parallel import read_file_lines, split_file
+
+    print(f"{'split':<18}{'language':>9}{'sentences':>11}{'words':>10}{'types':>9}")
+    for split in spec.splits:
+        for language in spec.languages:
+            lines = read_file_lines(split_file(base, split, language))
+            words = [w for line in lines for w in line.split()]
+            print(
+                f"{split:<18}{language:>9}{len(lines):>11,}{len(words):>10,}{len(set(words)):>9,}"
+            )
     return 0
 
 

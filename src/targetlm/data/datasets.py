@@ -65,6 +65,8 @@ class DatasetSpec:
     files: dict[str, Remote] = field(default_factory=dict)
     archive: Remote | None = None
     unpack: Callable[[bytes, Path], None] | None = None
+    # a parallel corpus: each split is the files <split>.<language> (targetlm.data.parallel)
+    languages: tuple[str, ...] = ()
 
 
 def _raw(repo: str, commit_or_branch: str, path: str) -> str:
@@ -215,6 +217,7 @@ DATASETS: dict[str, DatasetSpec] = {
                 )
                 for name, sha in _MULTI30K_SHA.items()
             },
+            languages=("en", "de"),
         ),
         DatasetSpec(
             "synthetic",
