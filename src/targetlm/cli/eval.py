@@ -72,7 +72,14 @@ def run(args: argparse.Namespace) -> int:
             model, ids, config.eval.batch_size, segment, args.ensemble_lambda, config.train.device
         )
     else:
-        result = evaluate_stream(model, ids, config.eval.batch_size, segment, config.train.device)
+        result = evaluate_stream(
+            model,
+            ids,
+            config.eval.batch_size,
+            segment,
+            config.train.device,
+            loss_impl=config.train.loss_impl,
+        )
     result = per_word(result, words)
     for row in result.get("ensemble", []):
         row["word_ppl"] = perplexity(row["nll"] * result["tokens"] / words)

@@ -244,15 +244,23 @@ def evaluate_stream(
     segment: int,
     device: str | torch.device = "cpu",
     task: Task | None = None,
+    loss_impl: Literal["full", "chunked", "auto"] = "auto",
 ) -> dict[str, float]:
     """Next-word perplexity of ``ids`` (which start with the context ``<eos>``).
 
     The stream is cut into ``batch_size`` rows read ``segment`` tokens at a time with
-    the encoder state carried across segments (see ``targetlm.data.batching``).
+    the encoder state carried across segments (see ``targetlm.data.batching``); the logit
+    layer is read ``loss_impl`` (``train.loss_impl``).
     Returns ``{"ppl", "nll", "tokens"}`` with nll the mean negative log-likelihood in nats.
     """
     (main,) = evaluate_ids(
-        model, ids, batch_size=batch_size, segment=segment, task=task, device=device
+        model,
+        ids,
+        batch_size=batch_size,
+        segment=segment,
+        task=task,
+        device=device,
+        loss_impl=loss_impl,
     )
     return {"ppl": perplexity(main.nll), "nll": main.nll, "tokens": main.count}
 

@@ -177,6 +177,7 @@ class Trainer:
             c.eval.segment or c.data.bptt,
             self.device,
             task=self.task,
+            loss_impl=c.train.loss_impl,
         )
 
     def _split_results(self, split: str) -> dict[str, Any]:
