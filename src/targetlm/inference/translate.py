@@ -129,6 +129,11 @@ class Stepper:
         )
 
     def log_probs(self) -> torch.Tensor:
+        """The next token's log-probabilities (R, V)."""
+        return torch.log_softmax(self.logits().float(), -1)
+
+    def logits(self) -> torch.Tensor:
+        """The next token's logits (R, V) (greedy decoding needs no softmax)."""
         run_heads = self.heads is not None
         if self.options.cache:
             tokens = self.prefix[:, -1:]
@@ -141,15 +146,24 @@ class Stepper:
             estimates, available = self.heads.estimates()
             main = functional.ensemble(main, estimates, self.lam, available)
             self.pending = prediction.heads[:, :, -1:]
-        logits = F.linear(main[:, 0], self.weight, self.bias)
-        return torch.log_softmax(logits.float(), -1)
+        return F.linear(main[:, 0], self.weight, self.bias)
 
-    def advance(self, tokens: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-        """Keep ``rows`` (the hypotheses extended; None: all, in order) and append ``tokens``."""
+    def advance(
+        self,
+        tokens: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        sources: torch.Tensor | None = None,
+    ) -> None:
+        """Keep ``rows`` (the hypotheses extended; None: all, in order) and append ``tokens``.
+
+        ``sources``: the rows whose encoded source each kept row reads (None: the source
+        rows stay as they are: beams reordered within their sentences share the source)."""
+        if sources is not None:
+            self.start = self.start.select(sources)
+            self.state = self.state.select_source(sources)
         if rows is not None:
             self.prefix = self.prefix.index_select(0, rows)
-            self.start = self.start.select(rows)
-            self.state = self.state.select(rows)
+            self.state = self.state.select_prefix(rows)
             if self.heads is not None:
                 self.heads.select(rows)
                 self.pending = self.pending.index_select(1, rows)
@@ -178,8 +192,7 @@ def greedy(
     outputs = torch.full((B, int(limits.max())), eos, dtype=torch.long, device=source.device)
     finished = torch.zeros(B, dtype=torch.bool, device=source.device)
     for t in range(int(limits.max())):
-        log_probs = stepper.log_probs()
-        tokens = log_probs.argmax(-1)
+        tokens = stepper.logits().argmax(-1)
         tokens = torch.where(finished | (t + 1 >= limits), torch.full_like(tokens, eos), tokens)
         outputs[:, t] = tokens
         finished |= tokens == eos
@@ -247,7 +260,10 @@ def beam_search(
         scores = scores.index_select(0, still)
         alive = alive.index_select(0, still)
         if alive.numel():
-            stepper.advance(new_words.view(-1, k)[still].reshape(-1), parents)
+            sources = None
+            if still.numel() < done.numel():  # sentences left: their source rows go too
+                sources = (still[:, None] * k + torch.arange(k, device=device)).reshape(-1)
+            stepper.advance(new_words.view(-1, k)[still].reshape(-1), parents, sources)
         step += 1
     return [max(f, key=lambda item: item[0])[1] if f else [] for f in finished]
 

@@ -54,33 +54,44 @@ class DecoderState:
     memory_kv: tuple[KeyValue, ...] | None = None
 
     def select(self, index: torch.Tensor) -> DecoderState:
-        """The state of batch rows ``index`` (beam search reorders its hypotheses with it)."""
+        """The state of batch rows ``index``: :meth:`select_source` and :meth:`select_prefix`."""
+        return self.select_source(index).select_prefix(index)
 
-        def pick(pairs: tuple[KeyValue, ...] | None) -> tuple[KeyValue, ...] | None:
-            if pairs is None:
-                return None
-            return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in pairs)
-
+    def select_source(self, index: torch.Tensor) -> DecoderState:
+        """The source side (memory, mask, memory keys/values) of rows ``index``; the prefix's
+        cache is left as it is (beam search moves it with :meth:`select_prefix`)."""
         return DecoderState(
             self.memory.index_select(0, index),
             self.memory_mask.index_select(0, index),
             self.length,
-            pick(self.self_kv),
-            pick(self.memory_kv),
+            self.self_kv,
+            _pick(self.memory_kv, index),
         )
+
+    def select_prefix(self, index: torch.Tensor) -> DecoderState:
+        """The prefix's keys/values of rows ``index`` (beams reordered within their sentences
+        read the same source, so only this moves)."""
+        return replace(self, self_kv=_pick(self.self_kv, index))
+
+
+def _pick(pairs: tuple[KeyValue, ...] | None, index: torch.Tensor) -> tuple[KeyValue, ...] | None:
+    if pairs is None:
+        return None
+    return tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in pairs)
 
 
 class Attention(nn.Module):
-    """Multi-head attention through ``scaled_dot_product_attention``, with separate query and
-    key/value inputs (self- or cross-attention) and keys/values that may be carried."""
+    """Multi-head attention through ``scaled_dot_product_attention``: one (3d × d) input
+    projection for queries, keys and values (``nn.MultiheadAttention``'s layout), used whole
+    for self-attention (one matmul) and split for cross-attention (keys/values of the memory
+    computed once); keys/values may be carried (the decoder's cache)."""
 
     def __init__(self, d: int, num_heads: int, dropout: float) -> None:
         super().__init__()
         if d % num_heads:
             raise ValueError(f"model_size {d} is not divisible by num_heads {num_heads}")
-        self.num_heads, self.dropout = num_heads, dropout
-        self.query = nn.Linear(d, d)
-        self.key_value = nn.Linear(d, 2 * d)
+        self.num_heads, self.dropout, self.d = num_heads, dropout, d
+        self.in_proj = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,8 +100,24 @@ class Attention(nn.Module):
         return x.view(B, L, self.num_heads, d // self.num_heads).transpose(1, 2)
 
     def keys_values(self, x: torch.Tensor) -> KeyValue:
-        k, v = self.key_value(x).chunk(2, -1)
+        """Keys and values of x (B, L, d), each (B, heads, L, d/heads)."""
+        d = self.d
+        k, v = F.linear(x, self.in_proj.weight[d:], self.in_proj.bias[d:]).chunk(2, -1)
         return self.split(k), self.split(v)
+
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.d
+        return self.split(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
+
+    def self_attend(
+        self, x: torch.Tensor, past: KeyValue | None, *, key_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, KeyValue]:
+        """Causal self-attention of x (B, T, d) after the carried keys/values ``past``:
+        the output and all keys/values (past + x's)."""
+        q, k, v = (self.split(y) for y in self.in_proj(x).chunk(3, -1))
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        return self.attend(q, (k, v), causal=True, key_mask=key_mask), (k, v)
 
     def forward(
         self,
@@ -102,20 +129,29 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x (B, T, d) attends to keys/values (B, heads, L, d/heads); causal: query t (the last
         T of the L positions) sees keys up to its own position; key_mask (B, L): True = attend."""
-        B, T, d = x.shape
-        q = self.split(self.query(x))
+        return self.attend(self.queries(x), kv, causal=causal, key_mask=key_mask)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        kv: KeyValue,
+        *,
+        causal: bool = False,
+        key_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        B, _, T, _ = q.shape
         k, v = kv
         mask = None
         if key_mask is not None:
             mask = key_mask[:, None, None, :]  # (B, 1, 1, L)
         if causal and T > 1:
             L = k.size(2)
-            allowed = torch.ones(T, L, dtype=torch.bool, device=x.device).tril(L - T)
+            allowed = torch.ones(T, L, dtype=torch.bool, device=q.device).tril(L - T)
             mask = allowed if mask is None else mask & allowed
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )
-        return self.proj(out.transpose(1, 2).reshape(B, T, d))
+        return self.proj(out.transpose(1, 2).reshape(B, T, self.d))
 
 
 class _Block(nn.Module):
@@ -143,10 +179,12 @@ class EncoderLayer(_Block):
         super().__init__(d, ff_size, dropout, norm, activation, sublayers=2)
         self.attention = Attention(d, num_heads, attention_dropout)
 
+    def _self_attend(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self.attention.split(y) for y in self.attention.in_proj(x).chunk(3, -1))
+        return self.attention.attend(q, (k, v), key_mask=mask)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.residual(
-            0, x, lambda y: self.attention(y, self.attention.keys_values(y), key_mask=mask)
-        )
+        x = self.residual(0, x, lambda y: self._self_attend(y, mask))
         return self.residual(1, x, self.ff)
 
 
@@ -168,11 +206,8 @@ class DecoderLayer(_Block):
 
         def attend(y: torch.Tensor) -> torch.Tensor:
             nonlocal kv
-            k, v = self.self_attention.keys_values(y)
-            if past is not None:
-                k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-            kv = (k, v)
-            return self.self_attention(y, kv, causal=True)
+            out, kv = self.self_attention.self_attend(y, past)
+            return out
 
         x = self.residual(0, x, attend)
         x = self.residual(1, x, lambda y: self.cross_attention(y, memory_kv, key_mask=memory_mask))
