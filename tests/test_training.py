@@ -205,3 +205,13 @@ def test_checkpoints_load_with_weights_only(tmp_path):
         assert checkpoint["model"].keys() == expected.keys(), name
         for key, value in expected.items():
             assert checkpoint["model"][key].shape == value.shape, (name, key)
+
+
+def test_training_on_an_absent_gpu_is_one_clear_error(tmp_path):
+    from targetlm.registry import ConfigError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="no CUDA GPU is available"):
+        Trainer(tiny_config(**{"train.device": '"cuda"'}), tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -62,6 +62,20 @@ def validate(config: Config) -> None:
     _validate_data(config.data)
 
 
+def check_device(config: Config) -> None:
+    """``train.device`` names a device this machine has (training; a finished run trained on a
+    GPU still loads on the CPU: ``targetlm.runs.load_run``)."""
+    try:
+        device = torch.device(config.train.device)
+    except RuntimeError:
+        raise ConfigError(f"train.device: not a device: {config.train.device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"train.device = {config.train.device!r}, but no CUDA GPU is available here "
+            "(--set train.device='\"cpu\"')"
+        )
+
+
 def _validate_data(data: DataConfig) -> None:
     """The tokenizer (built, untrained) and the synthetic language's sizes."""
     build_tokenizer(data)

@@ -76,6 +76,7 @@ class Trainer:
         log: Callable[[str], None] = print,
     ) -> None:
         builders.validate(config)  # every component's options, before any work starts
+        builders.check_device(config)
         self.config = config
         self.run_dir = Path(run_dir)
         self.resume = resume
