@@ -441,3 +441,11 @@ def test_data_info_lists_the_multi30k_splits_and_languages(capsys):
     assert main(["data", "info", "multi30k"]) == 0
     out = capsys.readouterr().out
     assert "test_2016_flickr" in out and "29,000" in out and "1,014" in out
+
+
+def test_language_model_commands_refuse_a_translation_run(trained_run, capsys):
+    run, data = trained_run
+    assert main(["generate", str(run), "--prompt", "a dog"]) == 2
+    assert "'translation' run" in capsys.readouterr().err
+    assert main(["score", str(run), "--file", str(data / "test.tgt"), "--out", "x.jsonl"]) == 2
+    assert "targetlm translate" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from targetlm.config import Config
 from targetlm.data.tokenizers import TOKENIZER_FILE, load_tokenizer
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel, build_model
+from targetlm.registry import ConfigError
 
 CONFIG, VOCAB, METRICS, LAST, BEST, RESULTS, REPORT = (
     "config.toml",
@@ -67,7 +68,7 @@ def read_best(run_dir: str | Path) -> tuple[dict, Vocabulary, Path]:
 
 
 def load_run(
-    run_dir: str | Path, overrides: list[str] = ()
+    run_dir: str | Path, overrides: list[str] = (), tasks: tuple[str, ...] | None = ("lm",)
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet).
 
@@ -75,11 +76,19 @@ def load_run(
     A run trained on a GPU loads on the CPU where no GPU is available (with a warning);
     the returned config's ``train.device`` is where the model is. The vocabulary's
     ``tokenizer`` is the run's (``tokenizer.json`` for BPE / unigram, checked against it).
+    ``tasks``: the tasks the caller can use (a language-model command cannot read a
+    translation run); None: any.
     """
     checkpoint, vocab, path = read_best(run_dir)
     config = builders.config_from_dict(
         config_lib.apply_overrides(checkpoint["config"], list(overrides))
     )
+    if tasks is not None and config.task.kind not in tasks:
+        hint = " (use `targetlm translate` or `eval`)" if config.task.kind == "translation" else ""
+        raise ConfigError(
+            f"{run_dir} is a {config.task.kind!r} run; this command reads "
+            f"{' or '.join(repr(t) for t in tasks)} runs{hint}"
+        )
     vocab.tokenizer = load_tokenizer(config.data, Path(run_dir), vocab)
     device = available_device(config.train.device)
     if str(device) != config.train.device:

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     combiners = combiners_from_args(args)
     if args.file is not None and args.split is not None:
         raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
-    config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args))
+    config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), tasks=None)
     if config.task.kind == "translation":
         return _eval_translation(args, config, vocab, model)
     check_combiners(args, config, model)

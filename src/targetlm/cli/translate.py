@@ -23,7 +23,6 @@ from targetlm.data.parallel import (
     read_file_lines,
 )
 from targetlm.data.vocab import DataError
-from targetlm.registry import ConfigError
 
 
 def read_sources(path: Path, lowercase: bool) -> list[str]:
@@ -47,9 +46,7 @@ def translate_file(
     from targetlm.inference.translate import score_translations, translate_ids
     from targetlm.runs import load_run
 
-    config, vocab, model, _ = load_run(run_dir, list(overrides))
-    if config.task.kind != "translation":
-        raise ConfigError(f"{run_dir} is a {config.task.kind!r} run, not a translation run")
+    config, vocab, model, _ = load_run(run_dir, list(overrides), tasks=("translation",))
     options.check(model)
     lines = read_sources(source_path, config.data.lowercase)
     references = None
