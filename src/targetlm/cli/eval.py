@@ -110,14 +110,13 @@ def run(args: argparse.Namespace) -> int:
 def _eval_translation(args: argparse.Namespace, config, vocab, model) -> int:
     """Teacher-forced loss and perplexity, and BLEU / chrF of beam search (``eval.beam``;
     ``--ensemble-lambda``: the first λ inside the search), on valid and test or ``--split``."""
-    import time
 
-    from targetlm.data.parallel import decode_ids, read_parallel
+    from targetlm.data.parallel import read_parallel
     from targetlm.inference.translate import (
         DecodeOptions,
         evaluate_pairs,
         score_translations,
-        translate_ids,
+        translate_texts,
     )
     from targetlm.tasks import TASKS, pair_batches
 
@@ -134,7 +133,7 @@ def _eval_translation(args: argparse.Namespace, config, vocab, model) -> int:
     for split in [args.split] if args.split else ["valid", "test"]:
         name = getattr(config.data, split)
         part = read_parallel(config.data, name, train=False)
-        source = [ids for ids in _encode(vocab, part.source_lines)]
+        source = _encode(vocab, part.source_lines)
         target = _encode(vocab, part.target_lines)
         batches = pair_batches(
             source,
@@ -144,17 +143,14 @@ def _eval_translation(args: argparse.Namespace, config, vocab, model) -> int:
             batch_size=config.data.batch_size,
         )
         loss = evaluate_pairs(model, batches, task, config.train.device)
-        start = time.perf_counter()
-        outputs = translate_ids(
+        hypotheses, seconds = translate_texts(
             model,
+            vocab,
             source,
             options,
-            vocab.eos_id,
             batch_size=config.eval.batch_size,
             device=config.train.device,
         )
-        seconds = time.perf_counter() - start
-        hypotheses = [decode_ids(vocab.tokenizer, vocab, o) for o in outputs]
         results[split] = {
             "split": name,
             **loss,

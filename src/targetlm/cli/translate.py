@@ -11,14 +11,12 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from targetlm.data.parallel import (
     check_aligned,
     check_nonempty,
-    decode_ids,
     encode_lines,
     read_file_lines,
 )
@@ -43,7 +41,7 @@ def translate_file(
 ) -> tuple[list[str], dict[str, Any]]:
     """The translations of ``source_path``'s lines and a summary (BLEU, chrF and their
     signatures with a reference; sentences, seconds, sentences/s)."""
-    from targetlm.inference.translate import score_translations, translate_ids
+    from targetlm.inference.translate import score_translations, translate_texts
     from targetlm.runs import load_run
 
     config, vocab, model, _ = load_run(run_dir, list(overrides), tasks=("translation",))
@@ -61,17 +59,14 @@ def translate_file(
                 f"{source_path}, line {number}: {len(ids)} source tokens exceed the model's "
                 f"max_context {context}"
             )
-    start = time.perf_counter()
-    outputs = translate_ids(
+    hypotheses, seconds = translate_texts(
         model,
+        vocab,
         sources,
         options,
-        vocab.eos_id,
         batch_size=config.eval.batch_size,
         device=config.train.device,
     )
-    seconds = time.perf_counter() - start
-    hypotheses = [decode_ids(vocab.tokenizer, vocab, ids) for ids in outputs]
     summary: dict[str, Any] = {
         "sentences": len(hypotheses),
         "seconds": seconds,

@@ -24,6 +24,7 @@ leave the batch. Beam 1 is greedy decoding.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -299,6 +300,27 @@ def translate_ids(
         for i, output in zip(chunk, decode(model, source, mask, options, eos)):
             outputs[i] = output
     return outputs
+
+
+def translate_texts(
+    model: LanguageModel,
+    vocab: Any,
+    sources: Sequence[torch.Tensor],
+    options: DecodeOptions,
+    *,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+) -> tuple[list[str], float]:
+    """Detokenized translations of ``sources`` (ids) with the run's tokenizer, and the
+    decoding time in seconds."""
+    from targetlm.data.parallel import decode_ids
+
+    start = time.perf_counter()
+    outputs = translate_ids(
+        model, sources, options, vocab.eos_id, batch_size=batch_size, device=device
+    )
+    seconds = time.perf_counter() - start
+    return [decode_ids(vocab.tokenizer, vocab, ids) for ids in outputs], seconds
 
 
 @torch.no_grad()

@@ -11,15 +11,14 @@ perplexity of the target side, and the final results add BLEU and chrF of beam s
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from targetlm.data.parallel import ParallelSplit, decode_ids, load_parallel
+from targetlm.data.parallel import ParallelSplit, load_parallel
 from targetlm.inference.translate import (
     DecodeOptions,
     evaluate_pairs,
     score_translations,
-    translate_ids,
+    translate_texts,
 )
 from targetlm.registry import ConfigError
 from targetlm.tasks.translation import pair_batches
@@ -65,17 +64,14 @@ class TranslationTrainer(Trainer):
         c = self.config
         result = self._evaluate(split)
         part = self.corpus.splits[getattr(c.data, split)]
-        start = time.perf_counter()
-        outputs = translate_ids(
+        hypotheses, seconds = translate_texts(
             self.model,
+            self.vocab,
             part.source,
             DecodeOptions(beam=c.eval.beam),
-            self.vocab.eos_id,
             batch_size=c.eval.batch_size,
             device=self.device,
         )
-        seconds = time.perf_counter() - start
-        hypotheses = [decode_ids(self.vocab.tokenizer, self.vocab, o) for o in outputs]
         scores = score_translations(hypotheses, part.target_lines)
         self.log(
             f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} (beam {c.eval.beam}, "
