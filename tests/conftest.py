@@ -117,3 +117,29 @@ def encoder_kind(request) -> str:
 @pytest.fixture(params=sorted(OUTPUT_OPTIONS))
 def output_kind(request) -> str:
     return request.param
+
+
+def write_pretrained_tokenizer(directory, lines, size: int = 300, rows: int | None = None):
+    """A stand-in for a pretrained model's directory, as the ``hf`` tokenizer reads it: a
+    byte-level BPE ``tokenizer.json`` (with one special symbol) and a ``config.json`` with the
+    model's embedding rows (default: the tokenizer's size). Needs ``tokenizers`` only."""
+    import json
+
+    import tokenizers as lib
+
+    tokenizer = lib.Tokenizer(lib.models.BPE())
+    tokenizer.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = lib.decoders.ByteLevel()
+    trainer = lib.trainers.BpeTrainer(
+        vocab_size=size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(lines, trainer)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    vocab_size = rows or tokenizer.get_vocab_size()
+    config = {"model_type": "llama", "vocab_size": vocab_size}
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return directory

@@ -342,7 +342,7 @@ def test_a_byte_run_trains_and_evaluates(tmp_path, corpus_dir, capsys):
 @pytest.mark.parametrize(
     "extra, fragments",
     [
-        (['data.tokenizer="wordpiece"'], ["wordpiece", "bpe, bytes, unigram, whitespace"]),
+        (['data.tokenizer="wordpiece"'], ["wordpiece", "bpe, bytes, hf, unigram, whitespace"]),
         (['data.tokenizer="bytes"', "data.vocab_size=500"], ["data.vocab_size", "bytes"]),
         (["data.max_size=1"], ["max_size"]),
     ],

@@ -4,11 +4,13 @@ are equal, a vocabulary of another run is refused; and each tokenizer's own opti
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
 import pytest
 import torch
+from conftest import write_pretrained_tokenizer
 
 from targetlm.config import DataConfig
 from targetlm.data import (
@@ -41,7 +43,16 @@ TRAIN = [
 ]
 # options a tokenizer needs for a tiny corpus; a new tokenizer gets none
 OPTIONS: dict[str, dict] = {"bpe": {"vocab_size": 300}, "unigram": {"vocab_size": 300}}
-NEEDS_LIBRARY = {"bpe", "unigram"}
+NEEDS_LIBRARY = {"bpe", "unigram", "hf"}
+TRAINED = {"bpe", "unigram"}  # subword tokenizers learnt on the training split
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pretrained_model_directory(tmp_path_factory):
+    """The ``hf`` tokenizer reads a pretrained model's directory: a tiny stand-in."""
+    if importlib.util.find_spec("tokenizers") is not None:
+        directory = write_pretrained_tokenizer(tmp_path_factory.mktemp("hf"), TRAIN + RAW, rows=320)
+        OPTIONS["hf"] = {"tokenizer_file": str(directory)}
 
 
 @pytest.fixture(params=TOKENIZERS.names())
@@ -76,7 +87,10 @@ def test_every_line_ends_with_one_eos(name):
 def test_ids_are_inside_the_vocabulary(name):
     tokenizer = fitted(name)
     vocab = vocabulary(tokenizer)
-    assert vocab.itos[:2] == [UNK, EOS]
+    if name == "hf":  # a pretrained model's specials are where the model has them
+        assert vocab.itos[tokenizer.eos_id] == EOS and UNK in vocab
+    else:
+        assert vocab.itos[:2] == [UNK, EOS]
     assert sum(vocab.counts) == len(tokenizer.tokenize(TRAIN))  # the training stream's counts
     tokens = tokenizer.tokenize(RAW)
     ids = vocab.encode(tokens)
@@ -214,7 +228,7 @@ def test_subword_tokens_are_shared_by_line_starts_and_middles():
     assert first == middle[-len(first) :]  # "cat" starting a line is the same symbol(s)
 
 
-@pytest.mark.parametrize("kind", sorted(NEEDS_LIBRARY))
+@pytest.mark.parametrize("kind", sorted(TRAINED))
 def test_subword_training_is_deterministic(kind):
     pytest.importorskip("tokenizers")
     first, second = fitted(kind), fitted(kind)
@@ -222,7 +236,7 @@ def test_subword_training_is_deterministic(kind):
     assert list(first.tokenize(RAW)) == list(second.tokenize(RAW))
 
 
-@pytest.mark.parametrize("kind", sorted(NEEDS_LIBRARY))
+@pytest.mark.parametrize("kind", sorted(TRAINED))
 def test_a_saved_tokenizer_file_replaces_training(kind, tmp_path):
     pytest.importorskip("tokenizers")
     trained = fitted(kind)

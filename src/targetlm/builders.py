@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from targetlm import config as config_lib
-from targetlm.config import Config, DataConfig
+from targetlm.config import Config, DataConfig, ModelConfig
 from targetlm.data.synthetic import NUM_CLASSES
 from targetlm.data.tokenizers import build_tokenizer
 from targetlm.lexicon.lexicon import Lexicon
@@ -60,6 +60,31 @@ def validate(config: Config) -> None:
             if value > context:
                 raise ConfigError(f"{key}: {value} exceeds model.encoder.max_context = {context}")
     _validate_data(config.data)
+    _validate_backbone(config)
+
+
+def _validate_backbone(config: Config) -> None:
+    """A pretrained backbone supplies the embedding, encoder and output layer, reads text with
+    its own tokenizer, and trains on independent blocks (its state is a KV cache)."""
+    if config.model.backbone.kind == "none":
+        return
+    defaults = ModelConfig()
+    for part in ("embedding", "encoder", "output"):
+        if getattr(config.model, part) != getattr(defaults, part):
+            raise ConfigError(
+                f"model.{part}: model.backbone = {config.model.backbone.kind!r} supplies the "
+                f"embedding, encoder and output layer; remove the model.{part} table"
+            )
+    if config.data.tokenizer != "hf":
+        raise ConfigError(
+            "data.tokenizer: an hf backbone reads text with its own tokenizer: set "
+            "data.tokenizer = 'hf' and data.tokenizer_file = the backbone's path"
+        )
+    if config.train.carry_state:
+        raise ConfigError(
+            "train.carry_state: an hf backbone trains on independent blocks (its state is a "
+            "KV cache); set train.carry_state = false"
+        )
 
 
 def check_device(config: Config) -> None:

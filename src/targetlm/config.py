@@ -104,6 +104,9 @@ class ModelConfig:
     output: ComponentConfig = _component("tied")
     # N-gram prediction heads (Heo et al.): "simple" | "wdr"; "none" is plain next-word training
     heads: ComponentConfig = _component("none")
+    # a pretrained model that supplies the embedding, encoder and output layer at once:
+    # "hf" (a Hugging Face causal LM, targetlm.modules.hf); "none": the three components above
+    backbone: ComponentConfig = _component("none")
 
 
 @dataclass(frozen=True)
@@ -116,12 +119,20 @@ class TrainConfig:
     # constant | epoch_decay: lr * decay_factor ** max(epoch - decay_start, 0) (epochs count from 1)
     # | plateau: lr *= decay_factor when validation does not improve for `patience` evaluations
     # | inverse_sqrt: linear warmup for warmup_steps, then lr * sqrt(warmup_steps / step)
-    schedule: Literal["constant", "epoch_decay", "plateau", "inverse_sqrt"] = "constant"
+    # | linear: linear warmup for warmup_steps, then linear decay to 0 at the last step
+    schedule: Literal["constant", "epoch_decay", "plateau", "inverse_sqrt", "linear"] = "constant"
     decay_factor: float = 0.5
     decay_start: int = 4
     patience: int = 0
     warmup_steps: int = 0
     clip: float = 0.0  # max gradient norm; 0 disables
+    # optimiser steps that train only the N-gram heads (the rest frozen) before everything
+    # trains (Medusa's warm-up of heads on a pretrained body; Heo et al. 2025 App. A.3.1)
+    heads_only_steps: int = 0
+    heads_lr: float = 0.0  # the heads' learning rate (scheduled like lr); 0: lr
+    accumulate: int = 1  # batches whose gradients add up to one optimiser step
+    # fp32 | bf16: forward and loss under bfloat16 autocast (weights and optimiser stay fp32)
+    precision: Literal["fp32", "bf16"] = "fp32"
     # mean: loss averaged over all target tokens; sum_over_time: summed over the T steps of a
     # segment and averaged over the batch rows (Zaremba et al.'s TensorFlow code, whose lr = 1
     # and clip = 5 assume it): T times the gradient of "mean"
@@ -260,6 +271,7 @@ def validate(config: Config) -> None:
         "train.log_every": config.train.log_every,
         "train.loss_chunk_tokens": config.train.loss_chunk_tokens,
         "train.loss_chunk_vocab": config.train.loss_chunk_vocab,
+        "train.accumulate": config.train.accumulate,
     }
     for key, value in positive.items():
         if value < 1:
@@ -268,6 +280,8 @@ def validate(config: Config) -> None:
         raise ConfigError(f"train.lr: invalid value {config.train.lr}; must be > 0")
     if not 0 < config.train.decay_factor <= 1:
         raise ConfigError("train.decay_factor: must be in (0, 1]")
+    if config.train.heads_lr < 0:
+        raise ConfigError("train.heads_lr: must be >= 0 (0: train.lr)")
     if config.train.schedule == "inverse_sqrt" and config.train.warmup_steps < 1:
         raise ConfigError("train.warmup_steps: the inverse_sqrt schedule needs warmup_steps >= 1")
     for key in (
@@ -277,6 +291,8 @@ def validate(config: Config) -> None:
         "checkpoint_every",
         "threads",
         "gradient_diversity_every",
+        "heads_only_steps",
+        "warmup_steps",
     ):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0")

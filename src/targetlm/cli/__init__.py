@@ -6,8 +6,10 @@
                   [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
                   [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
     targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--ensemble-lambda L,...] [scoring options]
-    targetlm generate RUN_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K] [--seed S]
+    targetlm generate RUN_DIR --prompt TEXT [--prompt ...] [--prompt-file F] [--max-tokens N] [--temperature T]
+                      [--top-k K] [--top-p P] [--seed S] [--stop STRING ...] [--speculative] [--json]
     targetlm translate RUN_DIR --input SRC [--reference REF] [--beam 5] [--ensemble-lambda L] [--output FILE] [--json]
+    targetlm export RUN_DIR --output DIR   (an hf-backbone run as a Hugging Face model directory)
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
     targetlm lexicon stats --data NAME [--dir DIR] [--drop F --seed S] [--json]
@@ -30,6 +32,7 @@ from targetlm.cli import (
     analyze,
     data,
     describe,
+    export,
     finetune,
     generate,
     lexicon,
@@ -50,6 +53,7 @@ COMMANDS = (
     score,
     generate,
     translate,
+    export,
     describe,
     analyze,
     lexicon,

@@ -21,8 +21,10 @@ def run(args: argparse.Namespace) -> int:
 
 def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> int:
     """Train ``config`` in ``run_dir`` and print its test perplexity; the exit status (130 if
-    interrupted, with a resumable checkpoint left)."""
-    from targetlm.training import trainer_for
+    interrupted, with a resumable checkpoint left). Under ``torchrun`` with several
+    processes, each is one rank of a data-parallel run (:mod:`targetlm.training.distributed`)
+    and rank 0 prints."""
+    from targetlm.training.distributed import is_main_process, trainer_for
 
     trainer = trainer_for(config)(
         config, run_dir, resume=resume, log=lambda m: print(m, flush=True)
@@ -30,6 +32,8 @@ def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> 
     results = trainer.train()
     if results.get("interrupted"):
         return 130
+    if not is_main_process():
+        return 0
     print(f"test perplexity: {results['test']['ppl']:.2f}")
     if "bleu" in results["test"]:
         print(f"test BLEU: {results['test']['bleu']:.2f} ({results['test']['bleu_signature']})")

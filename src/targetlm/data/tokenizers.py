@@ -164,20 +164,21 @@ class SymbolTokenizer(Tokenizer):
         return torch.tensor([index.get(t, UNK_ID) for t in tokens], dtype=torch.long)
 
 
-def _end_lines(ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The ids of all lines (sum of ``lengths``,) with ``<eos>`` after each line."""
+def _end_lines(ids: torch.Tensor, lengths: torch.Tensor, eos: int = EOS_ID) -> torch.Tensor:
+    """The ids of all lines (sum of ``lengths``,) with ``<eos>`` (id ``eos``) after each line."""
     ends = torch.cumsum(lengths + 1, 0) - 1  # where each line's <eos> goes
-    stream = torch.full((ids.numel() + lengths.numel(),), EOS_ID, dtype=torch.long)
+    stream = torch.full((ids.numel() + lengths.numel(),), eos, dtype=torch.long)
     keep = torch.ones_like(stream, dtype=torch.bool)
     keep[ends] = False
     stream[keep] = ids
     return stream
 
 
-def _lines_of(ids: torch.Tensor) -> Iterator[tuple[list[int], bool]]:
-    """Each line's ids of a stream (N,), and whether an ``<eos>`` ended it (the last may not)."""
+def _lines_of(ids: torch.Tensor, eos: int = EOS_ID) -> Iterator[tuple[list[int], bool]]:
+    """Each line's ids of a stream (N,), and whether an ``<eos>`` (id ``eos``) ended it (the
+    last may not)."""
     start = 0
-    for end in (ids == EOS_ID).nonzero().flatten().tolist():
+    for end in (ids == eos).nonzero().flatten().tolist():
         yield ids[start:end].tolist(), True
         start = end + 1
     if start < ids.numel():
@@ -243,6 +244,7 @@ class SubwordTokenizer(SymbolTokenizer):
 
     file = TOKENIZER_FILE
     model_type: ClassVar[str]  # the Hugging Face model class: "BPE" | "Unigram"
+    eos_id: int = EOS_ID  # the symbol that ends a line
 
     def __init__(self, vocab_size: int = 8000, tokenizer_file: str | None = None) -> None:
         self._library = _require_library(self.name)
@@ -297,10 +299,11 @@ class SubwordTokenizer(SymbolTokenizer):
             ids = itertools.chain.from_iterable(encoding.ids for encoding in encodings)
             pieces.append(np.fromiter(ids, dtype=np.int64))
         flat = torch.from_numpy(np.concatenate(pieces)) if pieces else torch.empty(0).long()
-        return EncodedTokens(_end_lines(flat, torch.tensor(lengths, dtype=torch.long)), self)
+        lengths_t = torch.tensor(lengths, dtype=torch.long)
+        return EncodedTokens(_end_lines(flat, lengths_t, self.eos_id), self)
 
     def decode_ids(self, ids: torch.Tensor) -> str:
-        lines = list(_lines_of(ids))
+        lines = list(_lines_of(ids, self.eos_id))
         texts = self._trained().decode_batch([i for i, _ in lines], skip_special_tokens=False)
         # each line was read with one leading space
         return "".join(
@@ -390,6 +393,92 @@ class UnigramTokenizer(SubwordTokenizer):
         pieces = sorted(([p, round(s, 9)] for p, s in pieces), key=lambda ps: (-ps[1], ps[0]))
         state["model"]["vocab"], state["model"]["unk_id"] = specials + pieces, UNK_ID
         return self._library.Tokenizer.from_str(json.dumps(state))
+
+
+@TOKENIZERS.register("hf")
+class PretrainedTokenizer(SubwordTokenizer):
+    """A pretrained model's own tokenizer (an ``hf`` backbone reads text with it).
+
+    ``tokenizer_file``: the model's directory or name (``model.backbone.path``, e.g.
+    ``"smollm2-135m"``), whose ``tokenizer.json`` is read; nothing is learnt. Ids are the
+    model's ids. Lines are read as the other subword tokenizers read them (one leading
+    space) and each ends with the model's newline symbol, which the vocabulary calls
+    ``<eos>``; the model's unknown (or first special) symbol is called ``<unk>``. Ids beyond
+    the tokenizer up to the model's embedding rows are ``<unused:ID>`` (never produced).
+    """
+
+    name = "hf"
+    model_type = "any"
+
+    def __init__(self, tokenizer_file: str | None = None) -> None:
+        self._library = _require_library(self.name)
+        if not tokenizer_file:
+            raise ValueError(
+                "the hf tokenizer reads a pretrained model's tokenizer: set data.tokenizer_file "
+                "to the model's directory or name (the backbone's path)"
+            )
+        self.tokenizer_file = tokenizer_file
+        self._tokenizer: Any = None
+        self._symbols: list[str] = []
+        self.rows = 0
+
+    def _untrained(self) -> tuple[Any, Any]:  # pragma: no cover (never trained)
+        raise NotImplementedError
+
+    def fit(self, lines: Sequence[str]) -> None:
+        from targetlm.pretrained import model_rows, resolve
+
+        directory = resolve(self.tokenizer_file)
+        self.rows = model_rows(directory)
+        self.read(directory / TOKENIZER_FILE)
+
+    def read(self, path: Path) -> None:
+        if not path.is_file():
+            raise DataError(f"tokenizer file not found: {path} (the model needs a fast tokenizer)")
+        try:
+            tokenizer = self._library.Tokenizer.from_file(str(path))
+        except Exception as error:  # the library raises a bare Exception
+            reason = (str(error).splitlines() or ["unreadable"])[0]
+            raise DataError(f"{path}: not a tokenizer file ({reason})") from None
+        self._use(tokenizer, str(path))
+
+    def _use(self, tokenizer: Any, where: str) -> None:
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        rows = max(self.rows, size)
+        if self.rows and size > self.rows:
+            raise DataError(
+                f"{where}: the tokenizer has {size:,} symbols but the model only {self.rows:,} "
+                "embedding rows: it is another model's tokenizer"
+            )
+        symbols = [tokenizer.id_to_token(i) for i in range(rows)]
+        symbols = [f"<unused:{i}>" if s is None else s for i, s in enumerate(symbols)]
+        newline = tokenizer.encode("\n", add_special_tokens=False).ids
+        if len(newline) != 1:
+            raise DataError(f"{where}: a newline is not one symbol; lines cannot end with <eos>")
+        unk = _unknown_id(tokenizer, newline[0])
+        if unk is None:
+            raise DataError(f"{where}: the tokenizer has no unknown or special symbol for <unk>")
+        for special in SPECIALS:
+            if special in symbols:  # the model's own "<unk>"/"<eos>" elsewhere: keep it apart
+                symbols[symbols.index(special)] = f"{special}:model"
+        symbols[unk], symbols[newline[0]] = UNK, EOS
+        self.eos_id = newline[0]
+        self._tokenizer, self._symbols = tokenizer, symbols
+
+    def check(self, vocab: Vocabulary, where: str) -> None:
+        unused = [f"<unused:{i}>" for i in range(len(self._symbols), len(vocab))]
+        if vocab.itos[len(self._symbols) :] == unused:  # the model's rows past the tokenizer
+            self._symbols = self._symbols + unused
+        super().check(vocab, where)
+
+
+def _unknown_id(tokenizer: Any, newline: int) -> int | None:
+    """The id the vocabulary calls ``<unk>``: the model's unknown symbol, else its first special."""
+    unknown = getattr(tokenizer.model, "unk_token", None)
+    candidates = [tokenizer.token_to_id(unknown)] if unknown else []
+    added = tokenizer.get_added_tokens_decoder()
+    candidates += [i for i in sorted(added) if added[i].special]
+    return next((i for i in candidates if i is not None and i != newline), None)
 
 
 TOKENIZER_KEYS = ("max_size", "min_count", "vocab_size", "tokenizer_file")  # data.* options

@@ -122,7 +122,8 @@ class Vocabulary:
     count, ties broken alphabetically, so ids are deterministic and frequency-ranked
     (what adaptive embeddings and frequency-bin analyses expect). A symbol tokenizer's
     vocabulary (bytes, BPE, unigram) is its symbols in its own id order instead
-    (``targetlm.data.tokenizers``).
+    (``targetlm.data.tokenizers``); a pretrained model's (``hf``) has its specials where
+    the model has them.
 
     ``tokenizer``: what made the tokens, saved with the vocabulary (:meth:`save`); None for
     a vocabulary built directly from words.
@@ -133,10 +134,8 @@ class Vocabulary:
     ) -> None:
         if len(words) != len(counts):
             raise DataError("vocabulary: words and counts differ in length")
-        if list(words[: len(SPECIALS)]) != list(SPECIALS):
-            raise DataError(
-                f"vocabulary: must start with {', '.join(SPECIALS)}, got {list(words[:2])}"
-            )
+        if not set(SPECIALS) <= set(words):
+            raise DataError(f"vocabulary: must hold {', '.join(SPECIALS)}")
         self.itos = list(words)
         self.counts = list(counts)
         self.stoi = {w: i for i, w in enumerate(self.itos)}

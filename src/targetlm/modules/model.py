@@ -130,6 +130,14 @@ def build_model(
     """
     words = [f"<w{i}>" for i in range(vocab)] if isinstance(vocab, int) else list(vocab)
     vocab_size = len(words)
+    if config.backbone.kind != "none":  # a pretrained model supplies the three parts
+        from targetlm.modules.hf import BACKBONES
+
+        backbone = BACKBONES.build(
+            config.backbone.kind, config.backbone.options, "model.backbone", vocab_size=vocab_size
+        )
+        heads = build_heads(config.heads, embedding_dim=backbone.output.embedding_dim)
+        return LanguageModel(backbone.embedding, backbone.encoder, backbone.output, heads)
     limits = _lexicon_limits(config)
     if lexicon is None and limits is not None:
         from targetlm.lexicon import load_lexicon

@@ -15,16 +15,23 @@ if TYPE_CHECKING:
     from targetlm.config import TrainConfig
 
 
-def build_optimizer(config: TrainConfig, parameters) -> torch.optim.Optimizer:
-    parameters = [p for p in parameters if p.requires_grad]
+def build_optimizer(config: TrainConfig, parameters, heads=()) -> torch.optim.Optimizer:
+    """The configured optimiser over ``parameters`` and, in a group of their own at
+    ``train.heads_lr`` (when set), the N-gram heads' ``heads``. Each group's ``lr_scale`` is
+    what :func:`set_lr` multiplies the scheduled learning rate by."""
+    heads = [p for p in heads if p.requires_grad]
+    seen = {id(p) for p in heads}
+    parameters = [p for p in parameters if p.requires_grad and id(p) not in seen]
+    scale = config.heads_lr / config.lr if config.heads_lr else 1.0
+    groups = [{"params": parameters, "lr_scale": 1.0}]
+    if heads:
+        groups.append({"params": heads, "lr_scale": scale})
     if config.optimizer == "sgd":
         return torch.optim.SGD(
-            parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+            groups, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
         )
     kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
-    return kind(
-        parameters, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay
-    )
+    return kind(groups, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
 
 
 class LrSchedule:
@@ -36,10 +43,13 @@ class LrSchedule:
     - ``plateau``: lr · factor^k, k = number of validations that did not improve
       on the best for ``patience`` consecutive evaluations (GroC: ×0.1).
     - ``inverse_sqrt``: lr · step/warmup during warm-up, then lr · sqrt(warmup/step).
+    - ``linear``: lr · step/warmup during warm-up, then down to 0 at ``total_steps``
+      (Hugging Face's linear schedule).
     """
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, total_steps: int = 0) -> None:
         self.config = config
+        self.total_steps = total_steps  # the budget's last step (``linear``)
         self.reductions = 0
         self.best = math.inf
         self.bad_evaluations = 0
@@ -53,6 +63,11 @@ class LrSchedule:
         if c.schedule == "inverse_sqrt":
             step = max(step, 1)
             return c.lr * min(step / c.warmup_steps, math.sqrt(c.warmup_steps / step))
+        if c.schedule == "linear":
+            if step < c.warmup_steps:
+                return c.lr * step / c.warmup_steps
+            left = max(self.total_steps - step, 0) / max(self.total_steps - c.warmup_steps, 1)
+            return c.lr * left
         return c.lr
 
     def on_validation(self, loss: float) -> None:
@@ -91,5 +106,6 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every group's learning rate: ``lr`` times the group's ``lr_scale`` (default 1)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

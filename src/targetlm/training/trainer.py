@@ -127,10 +127,12 @@ class Trainer:
             c.train.loss_chunk_vocab,
         ).to(self.device)
         self.batches = self._training_batches()
+        heads = [] if self.model.heads is None else list(self.model.heads.parameters())
         self.optimizer = build_optimizer(
-            c.train, list(self.model.parameters()) + list(self.objective.parameters())
+            c.train, list(self.model.parameters()) + list(self.objective.parameters()), heads
         )
-        self.schedule = LrSchedule(c.train)
+        steps_per_epoch = math.ceil(len(self.batches) / c.train.accumulate)
+        self.schedule = LrSchedule(c.train, c.train.max_steps or c.train.epochs * steps_per_epoch)
         self.epoch, self.batch_index, self.step = 1, 0, 0
         self.best_valid, self.bad_evaluations = math.inf, 0
         self._elapsed_before, self._session_start = 0.0, time.perf_counter()
@@ -224,7 +226,11 @@ class Trainer:
             )
         torch.set_rng_state(checkpoint["rng"]["torch"])
         random.setstate(_as_tuple(checkpoint["rng"]["python"]))
-        # forget metrics logged after the checkpoint: they will be logged again
+        self._forget_later_metrics()
+        self.log(f"resumed {self.run_dir} at epoch {self.epoch}, step {self.step}")
+
+    def _forget_later_metrics(self) -> None:
+        """Drop the metrics logged after the restored step: they will be logged again."""
         metrics = self.run_dir / runs.METRICS
         kept = [
             line
@@ -232,7 +238,6 @@ class Trainer:
             if line and json.loads(line)["step"] <= self.step
         ]
         metrics.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        self.log(f"resumed {self.run_dir} at epoch {self.epoch}, step {self.step}")
 
     def _checkpoint(self) -> None:
         save_atomic(
@@ -304,33 +309,58 @@ class Trainer:
         )
         return bool(c.train.early_stopping) and self.bad_evaluations >= c.train.early_stopping
 
-    def train_step(self, batch: Batch, lr: float) -> tuple[float, int]:
-        """One optimiser step on ``batch`` at learning rate ``lr`` (the carried state continues
-        the stream); returns the main head's summed NLL and its number of targets."""
+    def train_step(self, batch: Batch | list[Batch], lr: float) -> tuple[float, int]:
+        """One optimiser step on ``batch`` (or the gradients of several, ``train.accumulate``)
+        at learning rate ``lr`` (the carried state continues the stream); returns the main
+        head's summed NLL and its number of targets."""
         c = self.config.train
         set_lr(self.optimizer, lr)
-        state = detach_state(self.state) if c.carry_state else None
-        batch = batch.to(self.device)
-        if c.gradient_diversity_every and (self.step + 1) % c.gradient_diversity_every == 0:
-            self._measure_diversity(batch.inputs, batch.targets, state)
-        prediction = self.task.predict(self.model, batch, state)
-        state = prediction.state
-        weight, bias = self.model.output()
-        out = self.objective(prediction, batch.targets, weight, bias)
-        loss = out.loss.detach().item()
-        if not math.isfinite(loss):
-            raise TrainingDiverged(
-                f"loss is {loss} at step {self.step + 1} (epoch {self.epoch}); training stopped. "
-                f"The last good checkpoint is kept in {self.run_dir}"
-            )
+        self._freeze_body(self.step < c.heads_only_steps)
+        micro_batches = batch if isinstance(batch, list) else [batch]
         self.optimizer.zero_grad(set_to_none=True)
-        scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
-        (out.loss * scale).backward()
+        nll_sum, count = 0.0, 0
+        for batch in micro_batches:
+            state = detach_state(self.state) if c.carry_state else None
+            batch = batch.to(self.device)
+            if c.gradient_diversity_every and (self.step + 1) % c.gradient_diversity_every == 0:
+                self._measure_diversity(batch.inputs, batch.targets, state)
+            with self._autocast():
+                prediction = self.task.predict(self.model, batch, state)
+                weight, bias = self.model.output()
+                out = self.objective(prediction, batch.targets, weight, bias)
+            loss = out.loss.detach().item()
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"loss is {loss} at step {self.step + 1} (epoch {self.epoch}); training "
+                    f"stopped. The last good checkpoint is kept in {self.run_dir}"
+                )
+            scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
+            (out.loss * (scale / len(micro_batches))).backward()
+            self.state = prediction.state if c.carry_state else None
+            nll_sum, count = nll_sum + float(out.nll_sum), count + out.count
+        self._synchronise_gradients()
         if c.clip > 0:
             clip_gradients(self.model.parameters(), c.clip)
         self.optimizer.step()
-        self.state = state
-        return float(out.nll_sum), out.count
+        return nll_sum, count
+
+    def _synchronise_gradients(self) -> None:
+        """Called after backward, before clipping: a distributed run averages the processes'
+        gradients here (:mod:`targetlm.training.distributed`); one process has nothing to do."""
+
+    def _autocast(self) -> Any:
+        """bfloat16 autocast of the forward pass and loss (``train.precision = "bf16"``)."""
+        enabled = self.config.train.precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def _freeze_body(self, frozen: bool) -> None:
+        """Train only the N-gram heads (``frozen``) or everything (the heads-only warm-up)."""
+        if not self.config.train.heads_only_steps or self.model.heads is None:
+            return
+        heads = {id(p) for p in self.model.heads.parameters()}
+        for parameter in list(self.model.parameters()) + list(self.objective.parameters()):
+            if id(parameter) not in heads:
+                parameter.requires_grad_(not frozen)
 
     def _measure_diversity(self, inputs: torch.Tensor, targets: torch.Tensor, state: Any) -> None:
         """Log the gradient diversity of this step's batch (before the step; training unchanged)."""
@@ -400,11 +430,15 @@ class Trainer:
                     self._checkpoint()
                     return
                 lr = self.schedule.lr(self.step + 1, self.epoch)
-                nll, count = self.train_step(self.batches[order[self.batch_index]], lr)
+                group = order[self.batch_index : self.batch_index + c.accumulate]
+                batch = (
+                    [self.batches[i] for i in group] if c.accumulate > 1 else self.batches[group[0]]
+                )
+                nll, count = self.train_step(batch, lr)
                 self.step += 1
-                self.batch_index += 1
+                self.batch_index += len(group)
                 log_nll, log_count = log_nll + nll, log_count + count
-                bar.update(1)
+                bar.update(len(group))
                 if self.step % c.log_every == 0:
                     seconds = time.perf_counter() - log_start
                     record = {

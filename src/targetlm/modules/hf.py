@@ -1,0 +1,245 @@
+"""A pretrained Hugging Face causal LM as the model's backbone (``model.backbone.kind = "hf"``).
+
+One ``transformers`` causal LM supplies three parts of the targetlm pipeline, so every head,
+objective and combiner works on it unchanged::
+
+    AutoModelForCausalLM
+      get_input_embeddings()    -> HfEmbedding  (an EmbeddingTable: table() is E_in)
+      base_model (the stack)    -> HfEncoder    (forward(x, state): inputs_embeds, KV cache)
+      lm_head (tied or not)     -> HfOutput     (E_out = lm_head.weight, b = lm_head.bias)
+
+The encoder's state is the model's own KV cache (a ``transformers`` Cache), so streams,
+sliding-window evaluation and generation use the same contract as the other encoders.
+``path`` names a local model directory (``save_pretrained``), or a known name such as
+``smollm2-135m`` (:data:`targetlm.pretrained.PRETRAINED`: a GGUF file shipped in a PyPI
+package, converted once to a float32 directory in the user cache). ``config`` builds a randomly initialised model from
+a ``transformers`` config instead (tests, and training from scratch with an HF architecture).
+
+``transformers`` is optional (``pip install -e '.[hf]'``); without it an ``hf`` config fails
+with one line saying what to install.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from targetlm.modules.encoders import Encoder
+from targetlm.modules.outputs import OutputLayer
+from targetlm.pretrained import require_transformers, resolve
+from targetlm.registry import ConfigError, Registry
+
+BACKBONES: Registry[Any] = Registry("backbone", context=("vocab_size",))
+
+
+class HfEmbedding(nn.Module):
+    """The pretrained model's token embedding (its ``get_input_embeddings()``)."""
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.size = embedding.embedding_dim
+
+    def table(self) -> torch.Tensor:
+        return self.embedding.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embedding(tokens)
+
+
+@dataclass
+class HfState:
+    """The carried state of :class:`HfEncoder`: the model's KV cache of the ``length`` tokens
+    read so far in the window, and their inputs (B, ≤ max_context − 1, d, detached), from
+    which the window is re-read when it slides."""
+
+    cache: Any
+    inputs: torch.Tensor
+    length: int
+
+
+class HfEncoder(Encoder):
+    """The pretrained decoder stack: ``forward(x, state)`` with ``x`` the embedded tokens.
+
+    In evaluation and generation the state is the model's KV cache, so a segment attends to
+    the cached keys and values of the tokens before it; positions count from the window's
+    start. When a segment would pass ``max_context`` the window slides: the last
+    ``max_context − T`` inputs are read again with positions from 0 (exactly what
+    :class:`~targetlm.modules.encoders.CausalTransformer` does for every segment). Training
+    reads independent blocks (``train.carry_state = false``): no cache is kept.
+    """
+
+    def __init__(self, body: nn.Module, max_context: int) -> None:
+        super().__init__()
+        self.body = body
+        self.output_size = body.config.hidden_size
+        self.max_context = max_context
+
+    def forward(self, x: torch.Tensor, state: HfState | None = None):
+        segment = x.size(1)
+        if segment > self.max_context:
+            raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
+        cache, past = (None, 0) if state is None else (state.cache, state.length)
+        inputs = x if state is None else torch.cat([state.inputs, x.detach()], 1)
+        if past + segment > self.max_context:  # the window slides: read it again from position 0
+            keep = self.max_context - segment
+            x = inputs[:, inputs.size(1) - segment - keep :]
+            cache, past = None, 0
+        use_cache = not self.training
+        positions = torch.arange(past, past + x.size(1), device=x.device).expand(x.size(0), -1)
+        out = self.body(
+            inputs_embeds=x, past_key_values=cache, position_ids=positions, use_cache=use_cache
+        )
+        hidden = out.last_hidden_state[:, -segment:]
+        if not use_cache:
+            return hidden, None
+        window = (
+            inputs[:, -(self.max_context - 1) :].detach() if self.max_context > 1 else inputs[:, :0]
+        )
+        return hidden, HfState(out.past_key_values, window, past + x.size(1))
+
+    def rewind(self, state: HfState, n: int) -> HfState | None:
+        """The state as if the last ``n`` tokens had not been read (the cache cropped); None
+        for a cache with sliding-window layers, which cannot give back what they dropped."""
+        if n <= 0:
+            return state
+        if n > state.length or any(getattr(state.cache, "is_sliding", ())):
+            return None
+        state.cache.crop(-n)  # transformers >= 5: a negative count removes tokens
+        inputs = state.inputs[:, : max(state.inputs.size(1) - n, 0)]
+        return HfState(state.cache, inputs, state.length - n)
+
+
+class HfOutput(OutputLayer):
+    """The pretrained ``lm_head``: ``E_out`` is its weight (the input embedding when the model
+    ties them), ``b`` its bias (None for most models)."""
+
+    def __init__(self, head: nn.Linear) -> None:
+        super().__init__()
+        self.head = head
+        self.embedding_dim = head.in_features
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.head.weight, self.head.bias
+
+
+@BACKBONES.register("hf")
+class HfBackbone:
+    """Builds the three parts from one ``transformers`` causal LM.
+
+    Args:
+        vocab_size: the run's vocabulary size (supplied by the builder): the model's tokenizer
+            padded to its embedding rows (``data.tokenizer = "hf"``).
+        path: a model directory or a name of :data:`~targetlm.pretrained.PRETRAINED` (e.g. ``"smollm2-135m"``).
+        config: instead of ``path``, a ``transformers`` config as a table (``model_type`` and
+            its fields): a randomly initialised model (seeded by ``train.seed``).
+        max_context: the longest window (default: the model's ``max_position_embeddings``).
+
+    On the meta device (``targetlm.builders.validate``) only the architecture is built.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        path: str | None = None,
+        config: dict[str, Any] | None = None,
+        max_context: int | None = None,
+    ) -> None:
+        if (path is None) == (config is None):
+            raise ValueError("set exactly one of path (a pretrained model) and config")
+        transformers = require_transformers()
+        meta = torch.empty(0).device.type == "meta"
+        if config is not None:
+            model_config = _config_from_table(transformers, config)
+            self.model = _from_config(transformers, model_config, "model.backbone.config")
+        else:
+            directory = resolve(path)
+            model_config = transformers.AutoConfig.from_pretrained(directory)
+            if meta:
+                self.model = _from_config(transformers, model_config, "model.backbone.path")
+            else:
+                self.model = _pretrained(transformers, directory)
+        rows = self.model.get_input_embeddings().num_embeddings
+        if not meta and vocab_size != rows:
+            raise ConfigError(
+                f"the run's vocabulary has {vocab_size:,} symbols but the backbone has {rows:,} "
+                "embedding rows: read the text with the model's own tokenizer "
+                "(data.tokenizer = 'hf', data.tokenizer_file = the backbone's path)"
+            )
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        context = max_context or limit
+        if context is None or context < 1:
+            raise ValueError("max_context: the model has no max_position_embeddings; set it")
+        if limit is not None and context > limit:
+            raise ValueError(f"max_context {context} exceeds the model's {limit} positions")
+        head = self.model.get_output_embeddings()
+        if head is None:
+            raise ConfigError("model.backbone: the model has no output embeddings (lm_head)")
+        self.embedding = HfEmbedding(self.model.get_input_embeddings())
+        self.encoder = HfEncoder(self.model.base_model, context)
+        self.encoder.pretrained = [self.model]  # the whole model (not a submodule): export
+        self.output = HfOutput(head)
+
+
+def _config_from_table(transformers: Any, table: dict[str, Any]) -> Any:
+    options = dict(table)
+    model_type = options.pop("model_type", None)
+    if not isinstance(model_type, str):
+        raise ConfigError("model.backbone.config: needs model_type (e.g. 'llama', 'gpt_neo')")
+    try:
+        return transformers.AutoConfig.for_model(model_type, **options)
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"model.backbone.config: {error}") from None
+
+
+def _from_config(transformers: Any, config: Any, key: str) -> nn.Module:
+    try:
+        return transformers.AutoModelForCausalLM.from_config(config)
+    except ValueError:
+        raise ConfigError(
+            f"{key}: a {config.model_type!r} model is not a causal language model"
+        ) from None
+
+
+def _pretrained(transformers: Any, directory: Path) -> nn.Module:
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    except ValueError as error:
+        reason = (str(error).splitlines() or ["unreadable"])[0]
+        raise ConfigError(
+            f"model.backbone.path: {directory} is not a causal language model ({reason})"
+        ) from None
+
+
+def export(model: nn.Module, tokenizer_dir: Path | None, target: Path) -> None:
+    """Write the backbone as a plain Hugging Face directory (``save_pretrained``) with its
+    tokenizer, and the N-gram heads beside it (``heads.safetensors``), atomically."""
+    from safetensors.torch import save_file
+
+    if not isinstance(model.encoder, HfEncoder):
+        raise ConfigError("export: the run has no hf backbone (model.backbone.kind = 'hf')")
+    pretrained = model.encoder.pretrained[0]
+    target = Path(target)
+    if target.exists() and any(target.iterdir()):
+        raise ConfigError(f"export: {target} exists and is not empty")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as tmp:
+        pretrained.save_pretrained(tmp)
+        if tokenizer_dir is not None:
+            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                if (tokenizer_dir / name).is_file():
+                    shutil.copy(tokenizer_dir / name, Path(tmp) / name)
+        if model.heads is not None:
+            heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
+            metadata = {"kind": type(model.heads).__name__, "n": str(model.heads.num_predictions)}
+            save_file(heads, str(Path(tmp) / "heads.safetensors"), metadata=metadata)
+        if target.exists():
+            target.rmdir()
+        shutil.move(tmp, target)
+        Path(tmp).mkdir()

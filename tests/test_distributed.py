@@ -1,0 +1,170 @@
+"""Data-parallel training (``torchrun -m targetlm train``): two CPU processes (gloo) take the
+steps one process takes on the same global batch, rank 0 alone writes, resume continues."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import model_config, tiny_config
+
+from targetlm import builders
+from targetlm import config as config_lib
+from targetlm.modules.model import build_model
+from targetlm.registry import ConfigError
+from targetlm.tasks import Batch
+from targetlm.training import Trainer, distributed
+from targetlm.training.distributed import shard_rows, shard_state, state_batch_dims
+
+# no dropout: its masks differ between one process and two (a rank draws for its rows only)
+NO_DROPOUT = {"train.threads": 1, "train.epochs": 1, "data.synthetic.train_sentences": 80}
+TRANSFORMER_WDR_AL = {
+    **NO_DROPOUT,
+    # 736 training targets: the stream ends with its last row, so in the last step rank 1's
+    # rows have fewer N-gram head targets than rank 0's (each head's mean weighs its counts)
+    "data.synthetic.train_sentences": 78,
+    "model.encoder": '{kind = "transformer", num_layers = 1, num_heads = 2, ff_size = 16, '
+    "max_context = 16, dropout = 0.0}",
+    "model.heads": '{kind = "wdr", n = 3}',
+    "objective": '{kind = "augmented", tau = 2.0, gamma = 0.5}',
+    "train.carry_state": "false",
+    "train.optimizer": '"adam"',
+    "train.lr": 0.01,
+}
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def _records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def _torchrun(config_path: Path, run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m targetlm train CONFIG --run-dir DIR ARGS`` on the CPU."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", "2", "-m", "targetlm", "train", str(config_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*command, "--run-dir", str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def _write(config: config_lib.Config, path: Path) -> Path:
+    path.write_text(config_lib.dumps(config), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "overrides, stop_at",
+    [(NO_DROPOUT, 9), (TRANSFORMER_WDR_AL, 0)],
+    ids=["lstm-carried-state-resumed", "transformer-wdr-heads-al"],
+)
+def test_two_processes_take_the_steps_of_one_with_the_same_global_batch(
+    tmp_path, overrides, stop_at
+):
+    config = tiny_config(**overrides)
+    one = Trainer(config, tmp_path / "one", log=_quiet).train()
+    path = _write(config, tmp_path / "config.toml")
+
+    two = tmp_path / "two"
+    if stop_at:  # stopped mid-epoch (the carried LSTM state is in last.pt), then resumed
+        stopped = _torchrun(path, two, "--set", f"train.max_steps={stop_at}")
+        assert stopped.returncode == 0, stopped.stderr
+        assert len(_records(two, "train")) == stop_at
+        finished = _torchrun(path, two, "--resume")
+        assert f"resumed {two} at epoch 1, step {stop_at}" in finished.stdout
+    else:
+        finished = _torchrun(path, two)
+    assert finished.returncode == 0, finished.stderr
+
+    single, double = _records(tmp_path / "one", "train"), _records(two, "train")
+    assert [r["step"] for r in double] == [r["step"] for r in single]  # rank 0's lines only
+    assert [r["loss"] for r in double] == pytest.approx([r["loss"] for r in single], abs=1e-5)
+    valid = [r["ppl"] for r in _records(two, "valid")]
+    assert valid == pytest.approx([r["ppl"] for r in _records(tmp_path / "one", "valid")], rel=1e-5)
+    results = json.loads((two / "results.json").read_text())
+    assert results["test"]["ppl"] == pytest.approx(one["test"]["ppl"], rel=1e-5)
+    # one process printed: the others log nothing and write nothing
+    assert finished.stdout.count("test perplexity:") == 1
+    assert finished.stdout.count("valid ppl") == 2  # the validation and the final line
+
+
+def test_translation_weighs_the_ranks_by_their_tokens(tmp_path):
+    """Sentence pairs are shared by rows: the ranks score different numbers of tokens, and a
+    batch of one pair (the token budget is tiny) leaves rank 1 without rows."""
+    from test_translation import tiny_translation_config, write_corpus
+
+    data = write_corpus(tmp_path / "data", pairs=60)
+    config = builders.load_config(
+        tiny_translation_config(tmp_path, data, heads="wdr"),
+        [
+            "model.encoder.dropout=0.0",
+            "data.max_tokens=14",
+            "train.max_steps=16",
+            "train.log_every=1",
+            "eval.beam=1",
+        ],
+    )
+    trainer = distributed.trainer_for(config)  # alone: the TranslationTrainer
+    one = trainer(config, tmp_path / "one", log=_quiet).train()
+    finished = _torchrun(_write(config, tmp_path / "config.toml"), tmp_path / "two")
+    assert finished.returncode == 0, finished.stderr
+
+    single, double = _records(tmp_path / "one", "train"), _records(tmp_path / "two", "train")
+    assert len(double) == len(single) == 16
+    assert [r["loss"] for r in double] == pytest.approx([r["loss"] for r in single], abs=1e-5)
+    results = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert results["test"]["ppl"] == pytest.approx(one["test"]["ppl"], rel=1e-5)
+
+
+def test_a_batch_the_processes_cannot_share_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match="data.batch_size = 3 rows cannot be shared by 2"):
+        distributed.DistributedTrainer(tiny_config(**{"data.batch_size": 3}), tmp_path / "run")
+    assert not tmp_path.joinpath("run").exists()
+
+
+def test_alone_the_trainer_is_the_single_process_one(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert distributed.trainer_for(tiny_config()) is Trainer
+    assert distributed.is_main_process()
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1
+    assert distributed.trainer_for(tiny_config()) is Trainer
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert distributed.trainer_for(tiny_config()) is distributed.DistributedTrainer
+    assert not distributed.is_main_process()
+
+
+def test_rows_are_shared_in_contiguous_slices_and_short_batches_leave_ranks_empty():
+    batch = Batch(torch.arange(12).view(6, 2), torch.arange(18).view(6, 3))
+    parts = [shard_rows(batch, rank, 4) for rank in range(4)]
+    assert [p.inputs.size(0) for p in parts] == [2, 2, 1, 1]
+    assert torch.equal(torch.cat([p.targets for p in parts]), batch.targets)
+    lonely = Batch(torch.zeros(1, 5, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long))
+    assert shard_rows(lonely, 1, 2).inputs.shape == (0, 5)
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "transformer"])
+def test_a_carried_state_splits_into_the_ranks_rows_and_joins_back(encoder):
+    model = build_model(model_config(encoder), [f"w{i}" for i in range(20)])
+    rows = state_batch_dims(model, torch.device("cpu"))
+    _, state = model.encode(torch.randint(20, (4, 6)))
+    parts = [shard_state(state, rows, rank, 2) for rank in range(2)]
+    flat = distributed._leaves
+    for whole, *halves, dim in zip(flat(state), *map(flat, parts), rows):
+        assert whole.size(dim) == 4 and all(h.size(dim) == 2 for h in halves)
+        assert torch.equal(torch.cat(halves, dim), whole)
