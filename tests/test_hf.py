@@ -143,6 +143,11 @@ def test_train_eval_generate_and_export_through_the_cli(
     assert main(["train", str(config), "--run-dir", str(run)]) == 0
     results = json.loads((run / "results.json").read_text())
     assert results["test"]["ppl"] > 1 and results["steps"] == 6
+    # 2 heads-only steps at the constant rate, then the linear schedule over the other 4
+    # (2 warm-up steps, decay to 0 at the last): what a model without heads would follow
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rates = [json.loads(line)["lr"] for line in lines if json.loads(line)["kind"] == "train"]
+    assert rates == pytest.approx([0.003, 0.003, 0.0015, 0.003, 0.0015, 0.0])
     capsys.readouterr()
     assert main(["eval", str(run), "--json", "--ensemble-lambda", "0,0.1"]) == 0
     assert json.loads(capsys.readouterr().out)

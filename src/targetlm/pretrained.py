@@ -92,6 +92,11 @@ def _converted(name: str, source: GgufSource) -> Path:
         raise ConfigError(
             f"model.backbone.path = {name!r} needs the package {source.package}: {source.install}"
         )
+    with torch.device("cpu"):  # also when called while a config is checked on the meta device
+        return _convert(name, gguf, target)
+
+
+def _convert(name: str, gguf: Path, target: Path) -> Path:
     transformers = require_transformers()
     model = transformers.AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32

@@ -70,7 +70,8 @@ def read_best(run_dir: str | Path) -> tuple[dict, Vocabulary, Path]:
 def load_run(
     run_dir: str | Path, overrides: list[str] = (), tasks: tuple[str, ...] | None = ("lm",)
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
-    """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet).
+    """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet);
+    ``run_dir`` may also be a config file (:func:`configured_model`: the model before training).
 
     ``overrides`` (``--set``) change data/eval settings, e.g. ``data.dir`` or ``eval.batch_size``.
     A run trained on a GPU loads on the CPU where no GPU is available (with a warning);
@@ -79,6 +80,8 @@ def load_run(
     ``tasks``: the tasks the caller can use (a language-model command cannot read a
     translation run); None: any.
     """
+    if Path(run_dir).is_file():  # a config file: its model before any training
+        return configured_model(Path(run_dir), overrides, tasks)
     checkpoint, vocab, path = read_best(run_dir)
     config = builders.config_from_dict(
         config_lib.apply_overrides(checkpoint["config"], list(overrides))
@@ -99,6 +102,24 @@ def load_run(
     load_state_into(model, checkpoint["model"], vocab, str(path))
     model.eval()
     return config, vocab, model.to(device), checkpoint
+
+
+def configured_model(
+    path: Path, overrides: list[str] = (), tasks: tuple[str, ...] | None = ("lm",)
+) -> tuple[Config, Vocabulary, LanguageModel, dict]:
+    """The model of a config file as built, before any training (a pretrained backbone as it
+    was published; other models randomly initialised with ``train.seed``), with the
+    vocabulary of its training split: what ``targetlm eval CONFIG.toml`` scores."""
+    from targetlm.data.datasets import load_corpus
+
+    config = builders.load_config(path, list(overrides))
+    if tasks is not None and config.task.kind not in tasks:
+        raise ConfigError(f"{path}: a {config.task.kind!r} config; this command reads an 'lm' one")
+    vocab = load_corpus(config.data, (config.data.train,)).vocab
+    device = available_device(config.train.device)
+    torch.manual_seed(config.train.seed)
+    model = build_model(config.model, vocab.itos).eval()
+    return config, vocab, model.to(device), {}
 
 
 def available_device(name: str) -> torch.device:

@@ -1,4 +1,5 @@
-"""``targetlm eval RUN_DIR``: perplexity of a trained run on a split or a text file."""
+"""``targetlm eval RUN_DIR``: perplexity of a trained run on a split or a text file (or of a
+config file's model before training: ``targetlm eval CONFIG.toml``)."""
 
 from __future__ import annotations
 
@@ -201,7 +202,12 @@ def _per_word_text(result: dict) -> str:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``targetlm eval`` to the subcommands ``sub``."""
     p = sub.add_parser("eval", help="perplexity of a trained run on a split or a text file")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument(
+        "run_dir",
+        type=Path,
+        help="a run directory, or a config file: its model before training (e.g. a pretrained "
+        "backbone as published)",
+    )
     p.add_argument(
         "--split",
         choices=["train", "valid", "test"],

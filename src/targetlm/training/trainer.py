@@ -132,7 +132,8 @@ class Trainer:
             c.train, list(self.model.parameters()) + list(self.objective.parameters()), heads
         )
         steps_per_epoch = math.ceil(len(self.batches) / c.train.accumulate)
-        self.schedule = LrSchedule(c.train, c.train.max_steps or c.train.epochs * steps_per_epoch)
+        budget = c.train.max_steps or c.train.epochs * steps_per_epoch
+        self.schedule = LrSchedule(c.train, budget - c.train.heads_only_steps)
         self.epoch, self.batch_index, self.step = 1, 0, 0
         self.best_valid, self.bad_evaluations = math.inf, 0
         self._elapsed_before, self._session_start = 0.0, time.perf_counter()
@@ -348,6 +349,15 @@ class Trainer:
         """Called after backward, before clipping: a distributed run averages the processes'
         gradients here (:mod:`targetlm.training.distributed`); one process has nothing to do."""
 
+    def _scheduled_lr(self) -> float:
+        """The learning rate of the next step. The schedule (warm-up, decay) runs over the steps
+        after the heads-only warm-up, so a model with heads trains its body on the schedule a
+        model without them follows; during the warm-up the heads train at a constant rate."""
+        c = self.config.train
+        if self.step < c.heads_only_steps:
+            return c.lr
+        return self.schedule.lr(self.step + 1 - c.heads_only_steps, self.epoch)
+
     def _autocast(self) -> Any:
         """bfloat16 autocast of the forward pass and loss (``train.precision = "bf16"``)."""
         enabled = self.config.train.precision == "bf16"
@@ -429,7 +439,7 @@ class Trainer:
                     bar.close()
                     self._checkpoint()
                     return
-                lr = self.schedule.lr(self.step + 1, self.epoch)
+                lr = self._scheduled_lr()
                 group = order[self.batch_index : self.batch_index + c.accumulate]
                 batch = (
                     [self.batches[i] for i in group] if c.accumulate > 1 else self.batches[group[0]]

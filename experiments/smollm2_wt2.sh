@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 12: Heo et al. 2025 Table 3 at a CPU budget: SmolLM2-135M fine-tuned on WikiText-2
+# (tokenized wikitext-2-v1), base vs + simple heads (N 2, α 0.1) vs + WDR heads (N 4, α 0.1).
+#
+#   bash experiments/smollm2_wt2.sh PRESET SEED        PRESET: base | sim | wdr | before
+#
+# The budget (the same for all; env vars change it): blocks of BPTT=128 tokens, BATCH=4 blocks
+# per step, JOINT=60 steps of full fine-tuning (linear schedule: 6 warm-up steps, decay to 0;
+# the paper's lr 1e-5), and for heads models HEADS_ONLY=60 steps of the heads alone before
+# (Medusa's warm-up, heads lr 1e-3); the first VALID/TEST fraction of the valid and test
+# splits. "before" evaluates the pretrained model as published (no training).
+# Each run: runs/smollm2/PRESET-sSEED/ with results.json (valid/test token-level ppl) and
+# eval-{valid,test}.json (token- and word-level ppl, and each λ of the head ensemble).
+# Collect: python experiments/collect_smollm2.py runs/smollm2
+set -euo pipefail
+preset=$1 seed=$2
+BPTT=${BPTT:-128} BATCH=${BATCH:-4} JOINT=${JOINT:-60} HEADS_ONLY=${HEADS_ONLY:-60}
+VALID=${VALID:-0.02} TEST=${TEST:-0.02}
+export OMP_NUM_THREADS=${THREADS:-1}
+LAMBDAS=${LAMBDAS:-0,0.02,0.04,0.08,0.1,0.2}
+root=${RUNS:-runs/smollm2}
+run=$root/$preset-s$seed
+config=configs/smollm2-wt2-${preset/before/base}.toml
+common=(--set data.bptt=$BPTT --set data.batch_size=$BATCH --set model.backbone.max_context=$BPTT
+  --set "data.valid=\"valid[:$VALID]\"" --set "data.test=\"test[:$TEST]\"" --set eval.batch_size=$BATCH)
+mkdir -p "$root"
+if [ "$preset" = before ]; then
+  mkdir -p "$run"
+  for split in valid test; do
+    [ -f "$run/eval-$split.json" ] || targetlm eval "$config" "${common[@]}" \
+      --split $split --json > "$run/eval-$split.tmp" && mv "$run/eval-$split.tmp" "$run/eval-$split.json"
+  done
+  exit 0
+fi
+steps=$JOINT heads=()
+if [ "$preset" != base ]; then
+  steps=$((JOINT + HEADS_ONLY)) heads=(--set train.heads_only_steps=$HEADS_ONLY)
+fi
+if [ ! -f "$run/results.json" ]; then
+  resume=(); [ -f "$run/last.pt" ] && resume=(--resume)
+  targetlm train "$config" --run-dir "$run" "${resume[@]}" "${common[@]}" "${heads[@]}" \
+    --set train.max_steps=$steps --set train.eval_every=$steps --set train.warmup_steps=$((JOINT / 10)) \
+    --set train.seed=$seed --set train.log_every=5 --set train.progress=false
+fi
+ensemble=(); [ "$preset" != base ] && ensemble=(--ensemble-lambda "$LAMBDAS")
+for split in valid test; do
+  [ -f "$run/eval-$split.json" ] || targetlm eval "$run" --split $split "${ensemble[@]}" --json \
+    > "$run/eval-$split.tmp" && mv "$run/eval-$split.tmp" "$run/eval-$split.json"
+done
