@@ -333,3 +333,30 @@ def test_smollm2_answers_paris():
         prediction = model(ids, run_heads=False)
         token = int(model.logits(prediction.main[0, -1]).argmax())
     assert tokenizer.decode_ids(torch.tensor([token])).strip().startswith("Paris")
+
+
+@pytest.mark.parametrize("heads", ["simple", "wdr"])
+def test_self_speculative_decoding_equals_greedy_on_a_pretrained_backbone(model_dir, heads):
+    """The drafts are verified against the KV cache and rejected ones cropped from it
+    (``HfEncoder.rewind``); random heads are mostly wrong, so a wrongly accepted draft would
+    change the text. 70 new tokens pass the window (64) of the tiny models."""
+    from targetlm.config import DataConfig, ModelConfig
+    from targetlm.inference.generate import generate_batch
+
+    tokenizer = build_tokenizer(DataConfig(tokenizer="hf", tokenizer_file=str(model_dir)))
+    tokenizer.fit([])
+    vocab = tokenizer.vocabulary(tokenizer.tokenize(LINES[:5]))
+    torch.manual_seed(3)
+    config = ModelConfig(
+        backbone=ComponentConfig("hf", {"path": str(model_dir)}),
+        heads=ComponentConfig(heads, {"n": 3}),
+    )
+    model = build_model(config, vocab.itos).eval()
+    prompts = [
+        list(tokenizer.tokenize(["the cat"]))[:-1],
+        list(tokenizer.tokenize(["a dog ran"]))[:-1],
+    ]
+    greedy = generate_batch(model, vocab, prompts, max_tokens=70, temperature=0)
+    fast = generate_batch(model, vocab, prompts, max_tokens=70, temperature=0, speculative=True)
+    assert [r.tokens for r in fast.rows] == [r.tokens for r in greedy.rows]
+    assert fast.verifications > 0

@@ -1,41 +1,106 @@
-"""``targetlm generate RUN_DIR --prompt TEXT``: sample text from a trained run."""
+"""``targetlm generate RUN_DIR --prompt TEXT``: continue prompts with a trained run.
+
+Several ``--prompt`` (or ``--prompt-file``, one prompt a line) are continued in one batch;
+greedy (``--temperature 0``) or sampled (``--top-k``, ``--top-p``, ``--seed``), each row ending
+at ``--max-tokens`` or a ``--stop`` string; ``--speculative`` is greedy decoding drafted by the
+run's N-gram heads (the same text, fewer forwards). Prints each prompt with its continuation,
+or with ``--json`` one list of ``{prompt, text, tokens, tokens_per_s, stopped}`` objects (the
+continuation only in ``text``; ``tokens`` generated, over the batch's wall time in
+``tokens_per_s``; with ``--speculative`` also ``acceptance``, the batch's mean number of
+drafted tokens kept per verification step).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
+
+from targetlm.data import DataError
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """The ``--prompt`` values, then the non-empty lines of ``--prompt-file``."""
+    prompts = list(args.prompt or [])
+    if args.prompt_file is not None:
+        try:
+            text = args.prompt_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"--prompt-file {args.prompt_file}: not UTF-8 text ({error})") from None
+        prompts += [line for line in text.splitlines() if line.strip()]
+    return prompts
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm generate``; returns the exit status."""
-    from targetlm.inference import generate
+    from targetlm.inference.generate import generate_batch
     from targetlm.runs import load_run
 
+    texts = read_prompts(args)
     config, vocab, model, _ = load_run(args.run_dir)
     tokenizer = vocab.tokenizer
-    # the prompt's tokens, without the <eos> that would end its last line
-    prompt = list(tokenizer.tokenize(args.prompt.split("\n")))[:-1]
-    tokens = generate(
+    # each prompt's tokens, without the <eos> that would end its last line
+    prompts = [list(tokenizer.tokenize(text.split("\n")))[:-1] for text in texts]
+    result = generate_batch(
         model,
         vocab,
-        prompt,
-        args.max_tokens,
-        args.temperature,
-        args.top_k,
-        args.seed,
-        config.train.device,
+        prompts,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        stop=args.stop,
+        speculative=args.speculative,
+        device=config.train.device,
     )
-    print(tokenizer.decode(prompt + tokens).rstrip("\n"))
+    if args.json:
+        records = [
+            {
+                "prompt": text,
+                "text": row.text,
+                "tokens": len(row.tokens),
+                "tokens_per_s": len(row.tokens) / result.seconds,
+                "stopped": row.stopped,
+            }
+            | ({"acceptance": result.acceptance} if args.speculative else {})
+            for text, row in zip(texts, result.rows)
+        ]
+        print(json.dumps(records))
+        return 0
+    for prompt, row in zip(prompts, result.rows):
+        print((tokenizer.decode(prompt) + row.text).rstrip("\n"))
+    if args.speculative and result.acceptance is not None:
+        print(
+            f"speculative: {result.acceptance:.2f} drafted tokens accepted per verification "
+            f"step ({result.verifications} steps)",
+            file=sys.stderr,
+        )
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``targetlm generate`` to the subcommands ``sub``."""
-    p = sub.add_parser("generate", help="sample text from a trained run")
+    p = sub.add_parser("generate", help="continue prompts with a trained run")
     p.add_argument("run_dir", type=Path)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=int, default=30)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable: one batch)")
+    p.add_argument("--prompt-file", type=Path, help="a UTF-8 file of prompts, one per line")
+    p.add_argument("--max-tokens", type=int, default=30, help="tokens per prompt at most")
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument("--seed", type=int, help="the same seed gives the same text")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        help="a string that ends a prompt's continuation (cut off; repeatable)",
+    )
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="greedy self-speculative decoding with the run's N-gram heads (--temperature 0)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON list, one object a prompt")
     p.set_defaults(func=run)

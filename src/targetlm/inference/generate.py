@@ -1,16 +1,282 @@
-"""Sampling text from a model, one token at a time with the carried encoder state."""
+"""Generating text: batched prompts, greedy or sampled, stop strings, self-speculative decoding.
+
+Each prompt is read after a context ``<eos>`` (a sentence start), exactly as in training and
+evaluation, and every row is one stream with the encoder's carried state (the Transformer's
+KV cache in eval mode), so each new token costs one forward of one token. Prompts of
+different lengths need no padding: their common length is read in one forward, then every
+step reads one token per row, a prompt's own token while its prompt lasts (forced) and the
+chosen one after it, so each row is exactly its prompt followed by its continuation.
+
+A next token is the argmax (temperature 0) or a sample of ``softmax(logits / temperature)``
+restricted to the ``top_k`` most likely tokens and then to the nucleus (Holtzman et al. 2020:
+the fewest most likely tokens whose probability reaches ``top_p``). A row ends after
+``max_tokens`` tokens or when its decoded continuation contains a stop string (cut off there).
+``speculative`` (greedy only) drafts with the N-gram heads (``inference/speculative.py``): the
+same output, fewer forwards.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import torch
 
+from targetlm import functional
+from targetlm.data.tokenizers import WhitespaceTokenizer
 from targetlm.data.vocab import Vocabulary
+from targetlm.inference.speculative import speculative_step
 from targetlm.modules.model import LanguageModel
+from targetlm.registry import ConfigError
 
-PROMPT_CHUNK = 32
+__all__ = ["Generation", "GenerationError", "Generations", "generate", "generate_batch"]
+
+
+class GenerationError(ConfigError):
+    """Generation options or prompts that cannot be used (one line, exit 2 from the CLI)."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's continuation.
+
+    tokens: the generated tokens (up to the one that completed a stop string, included).
+    text: their decoded text after the prompt's, cut before the first stop string.
+    stopped: True when a stop string ended it (else it has ``max_tokens`` tokens).
+    """
+
+    tokens: list[str]
+    text: str
+    stopped: bool
+
+
+@dataclass(frozen=True)
+class Generations:
+    """What :func:`generate_batch` made.
+
+    rows: one :class:`Generation` per prompt, in order. seconds: the batch's wall time,
+    reading the prompts included. acceptance: with ``speculative``, the mean number of drafted
+    tokens accepted per verification step (0..N−1; None without speculation, or when no step
+    could speculate); verifications: how many such steps ran.
+    """
+
+    rows: list[Generation]
+    seconds: float
+    acceptance: float | None = None
+    verifications: int = 0
+
+
+def restrict_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Logits (B, V) with -inf outside the support: the ``top_k`` largest (0: all), then the
+    nucleus, the fewest largest whose probability reaches ``top_p`` (1: all; the most likely
+    token always stays)."""
+    if 0 < top_k < logits.size(-1):
+        threshold = logits.topk(top_k, -1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    if top_p < 1:
+        ordered, order = logits.sort(-1, descending=True)
+        probs = ordered.softmax(-1)
+        before = probs.cumsum(-1) - probs  # the mass of the more likely tokens
+        ordered = ordered.masked_fill(before >= top_p, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, ordered)
+    return logits
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The next token of every row (B,) from its logits (B, V): the argmax for temperature 0,
+    else a sample (drawn on the CPU from ``generator``, so a seed gives the same tokens on
+    every device)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = restrict_logits(logits.float() / temperature, top_k, top_p).softmax(-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(logits.device)
+
+
+class _Continuations:
+    """The tokens generated per row; a row ends at ``max_tokens`` or at a stop string."""
+
+    def __init__(
+        self,
+        prompts: Sequence[Sequence[str]],
+        vocab: Vocabulary,
+        max_tokens: int,
+        stop: Sequence[str],
+    ) -> None:
+        self.prompts = [list(p) for p in prompts]
+        self.itos = vocab.itos
+        self.decode: Callable[[Sequence[str]], str] = (
+            vocab.tokenizer or WhitespaceTokenizer()
+        ).decode
+        self.max_tokens = max_tokens
+        self.stop = [s for s in stop if s]
+        self.tokens: list[list[str]] = [[] for _ in prompts]
+        self.stopped = [False] * len(prompts)
+        self.done = [False] * len(prompts)
+
+    def add(self, row: int, ids: Sequence[int]) -> None:
+        """Append ``ids`` to ``row`` until it ends."""
+        for token in ids:
+            if self.done[row]:
+                return
+            self.tokens[row].append(self.itos[token])
+            if self.stop and self._cut(row) is not None:
+                self.done[row] = self.stopped[row] = True
+            elif len(self.tokens[row]) >= self.max_tokens:
+                self.done[row] = True
+
+    @property
+    def finished(self) -> bool:
+        return all(self.done)
+
+    def active(self, device: torch.device) -> torch.Tensor:
+        """(B,) bool: the rows still generating."""
+        return torch.tensor([not d for d in self.done], device=device)
+
+    def text(self, row: int) -> str:
+        """The continuation's text (after the prompt's), including any stop string."""
+        prompt = self.prompts[row]
+        head, whole = self.decode(prompt), self.decode(prompt + self.tokens[row])
+        return whole[len(head) :] if whole.startswith(head) else self.decode(self.tokens[row])
+
+    def _cut(self, row: int) -> int | None:
+        """Where the first stop string starts in the row's text (None: nowhere)."""
+        text = self.text(row)
+        found = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return min(found) if found else None
+
+    def rows(self) -> list[Generation]:
+        out = []
+        for row, tokens in enumerate(self.tokens):
+            text = self.text(row)
+            cut = self._cut(row) if self.stopped[row] else None
+            out.append(Generation(tokens, text if cut is None else text[:cut], self.stopped[row]))
+        return out
+
+
+def check_options(
+    model: LanguageModel,
+    prompts: Sequence[Sequence[str]],
+    max_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    speculative: bool,
+) -> None:
+    """Raise :class:`GenerationError` for options or prompts that cannot be generated from."""
+    if not prompts:
+        raise GenerationError("no prompt to continue (give --prompt TEXT or --prompt-file FILE)")
+    if max_tokens < 1:
+        raise GenerationError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if temperature < 0:
+        raise GenerationError(f"--temperature must be >= 0, got {temperature}")
+    if top_k < 0:
+        raise GenerationError(f"--top-k must be >= 0 (0: no limit), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise GenerationError(f"--top-p must be in (0, 1], got {top_p}")
+    if speculative and model.num_heads < 1:
+        raise GenerationError(
+            "--speculative drafts with the N-gram heads, and this model has none "
+            "(model.heads.kind = 'none' or n = 1)"
+        )
+    if speculative and temperature != 0:
+        raise GenerationError(
+            f"--speculative is greedy decoding: it needs --temperature 0, got {temperature}"
+        )
+    context = model.encoder.max_context
+    for i, prompt in enumerate(prompts, 1):
+        if context is not None and len(prompt) + 1 > context:
+            raise GenerationError(
+                f"prompt {i} has {len(prompt)} tokens, and with its start <eos> the model "
+                f"reads at most {context} (its max_context)"
+            )
 
 
 @torch.no_grad()
+def generate_batch(
+    model: LanguageModel,
+    vocab: Vocabulary,
+    prompts: Sequence[Sequence[str]],
+    max_tokens: int = 50,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    speculative: bool = False,
+    device: str | torch.device = "cpu",
+) -> Generations:
+    """Continue every prompt (its tokens; unknown words become ``<unk>``), all in one batch.
+
+    ``temperature`` 0 is greedy; else samples restricted by ``top_k`` (0: no limit) and
+    ``top_p`` (1: no limit), from a generator seeded with ``seed`` (None: a random seed).
+    ``stop``: strings that end a row. ``speculative``: greedy self-speculative decoding with
+    the N-gram heads (needs heads and temperature 0; the output is greedy decoding's). It
+    speculates while the drafted tokens fit into the encoder's ``max_context`` with the whole
+    stream read so far, where reading N tokens at once gives each the context it gets token
+    by token; past that (a sliding window) it takes plain greedy steps.
+    Raises :class:`GenerationError` for unusable options (see :func:`check_options`).
+    """
+    check_options(model, prompts, max_tokens, temperature, top_k, top_p, speculative)
+    generator = torch.Generator(device="cpu")
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    model.eval()
+    started = time.perf_counter()
+    weight, bias = model.output()  # E_out (V, d), b (V,): once, every step reuses them
+    rows = _Continuations(prompts, vocab, max_tokens, stop)
+    ids = [[vocab.eos_id, *vocab.encode(list(p)).tolist()] for p in prompts]
+    lengths = torch.tensor([len(i) for i in ids], device=device)  # (B,)
+    longest, common = max(len(i) for i in ids), min(len(i) for i in ids)
+    padded = torch.tensor([i + [vocab.eos_id] * (longest - len(i)) for i in ids], device=device)
+    context, n_predictions = model.encoder.max_context, model.num_heads + 1
+    prediction = model(padded[:, :common], None, run_heads=speculative)
+    read = common  # tokens read per row (the next column)
+    accepted: list[int] = []
+    while not rows.finished:
+        if (
+            speculative
+            and read >= longest  # every row is generating
+            and (context is None or read + n_predictions <= context)  # drafts see full context
+        ):
+            emitted, prediction, k = speculative_step(
+                model, weight, bias, prediction, rows.active(padded.device)
+            )
+            for row, tokens in enumerate(emitted.tolist()):
+                rows.add(row, tokens)
+            read += emitted.size(1)
+            accepted.append(k)
+            continue
+        logits = functional.logits(prediction.main[:, -1], weight, bias)  # (B, V)
+        chosen = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
+        for row, token in enumerate(chosen.tolist()):
+            if read >= len(ids[row]):
+                rows.add(row, [token])
+        if rows.finished:
+            break
+        if read < longest:  # rows still reading their prompt read its next token instead
+            chosen = torch.where(read < lengths, padded[:, read], chosen)
+        may_speculate = context is None or read + 1 + n_predictions <= context
+        prediction = model(
+            chosen[:, None], prediction.state, run_heads=speculative and may_speculate
+        )
+        read += 1
+    return Generations(
+        rows.rows(),
+        time.perf_counter() - started,
+        sum(accepted) / len(accepted) if accepted else None,
+        len(accepted),
+    )
+
+
 def generate(
     model: LanguageModel,
     vocab: Vocabulary,
@@ -20,34 +286,24 @@ def generate(
     top_k: int = 0,
     seed: int | None = None,
     device: str = "cpu",
+    *,
+    top_p: float = 1.0,
+    stop: Sequence[str] = (),
+    speculative: bool = False,
 ) -> list[str]:
-    """Continue ``prompt`` (words; unknown ones become ``<unk>``) with up to ``max_tokens`` words.
-
-    The prompt is read after a context ``<eos>`` (a sentence start), exactly as in
-    training and evaluation. ``temperature`` 0 picks the most likely word; ``top_k``
-    > 0 samples among the k most likely only.
-    """
-    if temperature < 0:
-        raise ValueError("temperature must be >= 0")
-    generator = torch.Generator(device="cpu")
-    if seed is not None:
-        generator.manual_seed(seed)
-    model.eval()
-    ids = torch.tensor([[vocab.eos_id] + vocab.encode(prompt).tolist()], device=device)
-    state = None
-    for chunk in ids.split(PROMPT_CHUNK, dim=1):  # short chunks fit any encoder's window
-        predicted, _, state = model(chunk, state, run_heads=False)
-    words: list[str] = []
-    for _ in range(max_tokens):
-        logits = model.logits(predicted[0, -1]).float().cpu()  # (V,)
-        if temperature == 0:
-            token = int(logits.argmax())
-        else:
-            if top_k > 0:
-                threshold = logits.topk(min(top_k, logits.numel())).values[-1]
-                logits = logits.masked_fill(logits < threshold, float("-inf"))
-            probs = torch.softmax(logits / temperature, -1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        words.append(vocab.itos[token])
-        predicted, _, state = model(torch.tensor([[token]], device=device), state, run_heads=False)
-    return words
+    """Continue one ``prompt`` (words; unknown ones become ``<unk>``): the generated tokens
+    (:func:`generate_batch` with one prompt)."""
+    result = generate_batch(
+        model,
+        vocab,
+        [prompt],
+        max_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        stop,
+        speculative,
+        device,
+    )
+    return result.rows[0].tokens

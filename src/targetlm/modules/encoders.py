@@ -235,6 +235,17 @@ class CausalTransformer(Encoder):
     with segment S scores each token with between ``max_context - S + 1`` and
     ``max_context`` tokens of context (the usual sliding window).
 
+    KV cache (eval mode only; training keeps the plain window, so training and exact resume
+    do not change). While the window has not slid, the state is the tuple ``(window,
+    keys_values)``: besides the inputs, every layer's keys and values of the window's
+    positions, each (B, heads, P, d/heads). A segment that still fits (P + T ≤ max_context)
+    attends to them and only its own T positions are computed, positions continuing from
+    the window's start; a segment that makes the window slide recomputes the window as
+    above, and the state is the plain window again (its start moved, so the cached keys and
+    values of the kept positions no longer hold). Either way every output equals the
+    recomputation's. ``kv_cache = False`` (an attribute, not an option) recomputes always.
+    :meth:`rewind` drops the last tokens of a cached state (speculative decoding).
+
     Args:
         input_size: embedding size (supplied by the builder).
         model_size: width of the residual stream (default input_size; a linear map
@@ -287,21 +298,72 @@ class CausalTransformer(Encoder):
         )
         self.norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None):
+    kv_cache: bool = True  # eval mode reuses the keys/values of the window (False: recompute)
+
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor | TransformerState | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | TransformerState | None]:
         segment = x.size(1)
         if segment > self.max_context:
             raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
-        if state is not None and state.size(1) > 0:
-            keep = self.max_context - segment
-            window = torch.cat([state[:, -keep:], x], 1) if keep > 0 else x
+        past, cache = _split_state(state)
+        cached = not self.training and self.kv_cache
+        if cached and cache is not None and past.size(1) + segment <= self.max_context:
+            # the window does not slide: only the segment's positions are computed
+            start = past.size(1)
+            window = torch.cat([past, x], 1)
+            h = self.drop(self.input_map(x) + self.positions[start : start + segment])
+            keys_values = []
+            for block, kv in zip(self.blocks, cache):
+                h, kv = block(h, kv)
+                keys_values.append(kv)
         else:
-            window = x
-        new_state = window[:, -(self.max_context - 1) :].detach() if self.max_context > 1 else None
+            if past is not None and past.size(1) > 0:
+                keep = self.max_context - segment
+                window = torch.cat([past[:, -keep:], x], 1) if keep > 0 else x
+            else:
+                window = x
+            h = self.drop(self.input_map(window) + self.positions[: window.size(1)])  # (B, L, d)
+            keys_values = []
+            for block in self.blocks:
+                h, kv = block(h)
+                keys_values.append(kv)
         length = window.size(1)
-        h = self.drop(self.input_map(window) + self.positions[:length])  # (B, L, d)
-        for block in self.blocks:
-            h = block(h)
-        return self.norm(h[:, length - segment :]), new_state  # (B, T, d)
+        if self.max_context == 1:
+            return self.norm(h[:, -segment:]), None
+        new_state = window[:, -(self.max_context - 1) :].detach()
+        if cached and length < self.max_context:  # the state's window starts where the cache's does
+            kv_state = tuple((k.detach(), v.detach()) for k, v in keys_values)
+            return self.norm(h[:, -segment:]), (new_state, kv_state)
+        return self.norm(h[:, -segment:]), new_state  # (B, T, d)
+
+    def rewind(
+        self, state: torch.Tensor | TransformerState | None, n: int
+    ) -> TransformerState | None:
+        """The state as if its last ``n`` tokens had not been read, or None where that is
+        unknown: only a cached state (eval mode, window not slid) holding more than ``n``
+        tokens keeps what reading fewer tokens would have given (the same window start)."""
+        past, cache = _split_state(state)
+        if cache is None or not 0 <= n < past.size(1):
+            return None
+        if n == 0:
+            return past, cache
+        return past[:, :-n], tuple((k[:, :, :-n], v[:, :, :-n]) for k, v in cache)
+
+
+KeyValue = tuple[torch.Tensor, torch.Tensor]  # keys and values, each (B, heads, L, d/heads)
+TransformerState = tuple[torch.Tensor, tuple[KeyValue, ...]]  # (window inputs, per-layer cache)
+
+
+def _split_state(
+    state: torch.Tensor | TransformerState | None,
+) -> tuple[torch.Tensor | None, tuple[KeyValue, ...] | None]:
+    """A transformer state as (window inputs (B, P, input_size) or None, per-layer keys and
+    values or None); a checkpointed state comes back as lists (``state_to_list``)."""
+    if state is None or isinstance(state, torch.Tensor):
+        return state, None
+    past, cache = state
+    return past, tuple((k, v) for k, v in cache)
 
 
 TransformerEncoder = CausalTransformer  # the former name: it is a decoder stack, not an encoder
@@ -335,25 +397,44 @@ class TransformerBlock(nn.Module):
         )
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, past: KeyValue | None = None
+    ) -> tuple[torch.Tensor, KeyValue]:
+        """x (B, T, d), after the cached keys/values ``past`` of the P previous positions (None:
+        x starts the window) -> (B, T, d) and the keys/values of all P + T positions."""
         if self.pre_norm:
-            x = x + self._attend(self.norm1(x))
-            return x + self.drop(self.ff(self.norm2(x)))
-        x = self.norm1(x + self._attend(x))
-        return self.norm2(x + self.drop(self.ff(x)))
+            attended, kv = self._attend(self.norm1(x), past)
+            x = x + attended
+            return x + self.drop(self.ff(self.norm2(x))), kv
+        attended, kv = self._attend(x, past)
+        x = self.norm1(x + attended)
+        return self.norm2(x + self.drop(self.ff(x))), kv
 
-    def _attend(self, x: torch.Tensor) -> torch.Tensor:
-        """The dropped-out attention branch, (B, T, d) -> (B, T, d)."""
+    def _attend(
+        self, x: torch.Tensor, past: KeyValue | None = None
+    ) -> tuple[torch.Tensor, KeyValue]:
+        """The dropped-out attention branch, (B, T, d) -> (B, T, d), and the keys/values."""
         B, T, d = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
+        q, k, v = (
+            y.transpose(1, 2)  # (B, heads, T, d/heads)
+            for y in self.qkv(x).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
+        )
+        mask = None
+        if past is not None:
+            P = past[0].size(2)
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)  # (B, heads, P + T, ·)
+            # query i (position P + i) sees keys 0..P + i; one query sees them all
+            if T > 1:
+                mask = torch.ones(T, P + T, dtype=torch.bool, device=x.device).tril(P)
         attention = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),  # (B, heads, T, d/heads)
-            is_causal=True,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=past is None,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d)))
+        return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d))), (k, v)
 
 
 def sinusoidal_positions(length: int, d: int) -> torch.Tensor:

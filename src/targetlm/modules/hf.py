@@ -57,7 +57,8 @@ class HfEmbedding(nn.Module):
 class HfState:
     """The carried state of :class:`HfEncoder`: the model's KV cache of the ``length`` tokens
     read so far in the window, and their inputs (B, ≤ max_context − 1, d, detached), from
-    which the window is re-read when it slides."""
+    which the window is re-read when it slides. The cache is updated in place by the next
+    read, so a state continues one stream once (as every caller reads it)."""
 
     cache: Any
     inputs: torch.Tensor
@@ -105,12 +106,18 @@ class HfEncoder(Encoder):
         return hidden, HfState(out.past_key_values, window, past + x.size(1))
 
     def rewind(self, state: HfState, n: int) -> HfState | None:
-        """The state as if the last ``n`` tokens had not been read (the cache cropped); None
-        for a cache with sliding-window layers, which cannot give back what they dropped."""
+        """The state as if the last ``n`` tokens had not been read (the cache cropped in place).
+
+        The cache is the model's own object, updated in place by every read, so an earlier
+        state cannot be read again: a cache with sliding-window layers, which cannot give back
+        what they dropped, is an error rather than None (re-reading from a saved state).
+        """
         if n <= 0:
             return state
-        if n > state.length or any(getattr(state.cache, "is_sliding", ())):
-            return None
+        if n > state.length:
+            raise ValueError(f"cannot rewind {n} tokens of a window of {state.length}")
+        if any(getattr(state.cache, "is_sliding", ())):
+            raise ValueError("a KV cache with sliding-window layers cannot be rewound")
         state.cache.crop(-n)  # transformers >= 5: a negative count removes tokens
         inputs = state.inputs[:, : max(state.inputs.size(1) - n, 0)]
         return HfState(state.cache, inputs, state.length - n)

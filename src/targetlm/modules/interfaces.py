@@ -8,14 +8,20 @@ Encoders declare ``max_context`` on their base class, :class:`targetlm.modules.e
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 if TYPE_CHECKING:
     from targetlm.lexicon.lexicon import Lexicon
 
-__all__ = ["EmbeddingTable", "HasTrainingCache", "OpenVocabularyEmbedding", "OpenVocabularyOutput"]
+__all__ = [
+    "EmbeddingTable",
+    "HasTrainingCache",
+    "OpenVocabularyEmbedding",
+    "OpenVocabularyOutput",
+    "RewindableEncoder",
+]
 
 
 @runtime_checkable
@@ -63,4 +69,15 @@ class HasTrainingCache(Protocol):
 
     def load_training_cache(self, cache: torch.Tensor | None) -> None:
         """Restore what :meth:`training_cache` returned."""
+        ...
+
+
+@runtime_checkable
+class RewindableEncoder(Protocol):
+    """An encoder whose state can forget the last tokens it read (speculative decoding drops
+    rejected drafted tokens); without it, a caller re-reads from a state it saved."""
+
+    def rewind(self, state: Any, n: int) -> Any | None:
+        """``state`` as if its last ``n`` tokens had not been read; None where this state
+        cannot say (the caller then re-reads from a saved state)."""
         ...
