@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 
 from targetlm import builders
-from targetlm.data import Vocabulary, read_split
+from targetlm.data import Vocabulary, read_lines
 from targetlm.inference.generate import generate_batch
 from targetlm.modules import CausalTransformer
+from targetlm.modules.hf import HfEncoder
 from targetlm.modules.model import LanguageModel
 from targetlm.runs import load_run
 
@@ -108,13 +109,16 @@ def with_heads(model: LanguageModel, n: int) -> LanguageModel:
 
 def prompt_from(config, vocab: Vocabulary) -> list[str]:
     """The first PROMPT_TOKENS tokens of the test split (a sentence start, no <eos>)."""
-    tokens = read_split(config.data, config.data.test)[:64]
+    lines = [line for line in read_lines(config.data, config.data.test)[:20] if line.strip()]
+    tokens = list(vocab.tokenizer.tokenize(lines))  # the run's tokenizer (words or subwords)
     return [t for t in tokens if t != "<eos>"][:PROMPT_TOKENS]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=Path, help="a trained run with a Transformer and heads")
+    parser.add_argument(
+        "--run", type=Path, help="a trained run with heads (a Transformer or an hf backbone)"
+    )
     parser.add_argument("--train-steps", type=int, default=500)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
@@ -127,8 +131,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         run = args.run or train_model(args.train_steps, context, args.seed, Path(scratch) / "run")
         config, vocab, model, _ = load_run(run)
-    if model.num_heads < 1 or not isinstance(model.encoder, CausalTransformer):
-        parser.error(f"{run}: needs a Transformer run with N-gram heads")
+    if model.num_heads < 1 or not isinstance(model.encoder, (CausalTransformer, HfEncoder)):
+        parser.error(f"{run}: needs a Transformer or hf-backbone run with N-gram heads")
     prompt = prompt_from(config, vocab)
     encoder = model.encoder
 

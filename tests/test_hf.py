@@ -360,3 +360,24 @@ def test_self_speculative_decoding_equals_greedy_on_a_pretrained_backbone(model_
     fast = generate_batch(model, vocab, prompts, max_tokens=70, temperature=0, speculative=True)
     assert [r.tokens for r in fast.rows] == [r.tokens for r in greedy.rows]
     assert fast.verifications > 0
+
+
+def test_a_run_on_another_backbone_is_one_clear_error(tmp_path, capsys):
+    small = write_model(tmp_path / "small", "llama")
+    wide = tmp_path / "wide"
+    transformers.AutoModelForCausalLM.from_config(_wider_llama()).save_pretrained(wide)
+    (wide / "tokenizer.json").write_bytes((small / "tokenizer.json").read_bytes())
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "c.toml", small, "simple", "cross_entropy")
+    assert main(["train", str(config), "--run-dir", str(run), "--set", "train.max_steps=1"]) == 0
+    capsys.readouterr()
+    moved = [f'model.backbone.path="{wide}"', f'data.tokenizer_file="{wide}"']
+    assert main(["eval", str(run), "--set", moved[0], "--set", moved[1]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not fit this model" in err and "(300, 48)" in err
+
+
+def _wider_llama():
+    config = ARCHITECTURES["llama"](300)
+    config.hidden_size = 48
+    return config

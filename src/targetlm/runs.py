@@ -41,7 +41,16 @@ TOKENIZER = TOKENIZER_FILE  # written beside vocab.txt by Vocabulary.save
 
 
 def load_state_into(model: LanguageModel, state: dict, vocab: Vocabulary, where: str) -> None:
-    """Load a model state dict, with a clear error when it was trained with another vocabulary."""
+    """Load a model state dict, with one clear error naming the first part that does not fit
+    (another vocabulary, another backbone, heads of another size)."""
+    own = model.state_dict()
+    for key, value in state.items():
+        if key in own and own[key].shape != value.shape:
+            raise CheckpointError(
+                f"{where}: the checkpoint does not fit this model: {key} is "
+                f"{tuple(value.shape)} there and {tuple(own[key].shape)} here (vocabulary of "
+                f"{len(vocab)} words; another backbone or heads of another size?)"
+            )
     try:
         model.load_state_dict(state)
     except RuntimeError as error:

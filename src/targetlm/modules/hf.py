@@ -81,6 +81,7 @@ class HfEncoder(Encoder):
         self.body = body
         self.output_size = body.config.hidden_size
         self.max_context = max_context
+        self.kv_cache = True  # False: every segment re-reads its window (benchmarks/generate.py)
 
     def forward(self, x: torch.Tensor, state: HfState | None = None):
         segment = x.size(1)
@@ -88,9 +89,9 @@ class HfEncoder(Encoder):
             raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
         cache, past = (None, 0) if state is None else (state.cache, state.length)
         inputs = x if state is None else torch.cat([state.inputs, x.detach()], 1)
-        if past + segment > self.max_context:  # the window slides: read it again from position 0
-            keep = self.max_context - segment
-            x = inputs[:, inputs.size(1) - segment - keep :]
+        if past + segment > self.max_context or (past and not self.kv_cache):
+            # the window slides (or no cache is wanted): read it again from position 0
+            x = inputs[:, max(inputs.size(1) - self.max_context, 0) :]
             cache, past = None, 0
         use_cache = not self.training
         positions = torch.arange(past, past + x.size(1), device=x.device).expand(x.size(0), -1)
