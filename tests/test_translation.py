@@ -449,3 +449,25 @@ def test_language_model_commands_refuse_a_translation_run(trained_run, capsys):
     assert "'translation' run" in capsys.readouterr().err
     assert main(["score", str(run), "--file", str(data / "test.tgt"), "--out", "x.jsonl"]) == 2
     assert "targetlm translate" in capsys.readouterr().err
+
+
+def test_training_continues_in_train_mode_after_validation_and_decoding(tmp_path):
+    """Validation and beam search run in eval mode; the steps after them still use dropout
+    (a regression: the model once stayed in eval mode after the first validation)."""
+    from targetlm import builders
+    from targetlm.inference.translate import DecodeOptions, evaluate_pairs, translate_ids
+    from targetlm.training import trainer_for
+
+    data = write_corpus(tmp_path / "data", pairs=40)
+    config = builders.load_config(tiny_translation_config(tmp_path, data))
+    trainer = trainer_for(config)(config, tmp_path / "run", log=lambda m: None)
+    trainer._setup()
+    model = trainer.model
+    model.train()
+    evaluate_pairs(model, trainer.eval_batches["valid"], trainer.task)
+    assert model.training
+    translate_ids(model, [torch.tensor([5, 6, 7])], DecodeOptions(beam=2), trainer.vocab.eos_id)
+    assert model.training
+    model.eval()
+    trainer.train_step(trainer.batches[0], 1e-3)
+    assert model.training  # a training step always trains in train mode

@@ -288,7 +288,9 @@ def translate_ids(
     batch_size: int = 64,
     device: str | torch.device = "cpu",
 ) -> list[list[int]]:
-    """Output ids of every source (each ending with ``<eos>``), batched by length, in order."""
+    """Output ids of every source (each ending with ``<eos>``), batched by length, in order.
+    The model decodes in eval mode and is left in the mode it was in."""
+    was_training = model.training
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
@@ -299,6 +301,7 @@ def translate_ids(
         mask = torch.arange(source.size(1), device=device)[None] < lengths[:, None]
         for i, output in zip(chunk, decode(model, source, mask, options, eos)):
             outputs[i] = output
+    model.train(was_training)
     return outputs
 
 
@@ -328,7 +331,9 @@ def evaluate_pairs(
     model: LanguageModel, batches: Sequence[Batch], task: Any, device: str | torch.device = "cpu"
 ) -> dict[str, float]:
     """Teacher-forced next-token NLL of the main head over the target sides: ``{"nll",
-    "ppl", "tokens"}`` (per subword token, ``<eos>`` included)."""
+    "ppl", "tokens"}`` (per subword token, ``<eos>`` included). The model is evaluated in
+    eval mode and left in the mode it was in (training continues with dropout)."""
+    was_training = model.training
     model.eval()
     total, count = 0.0, 0
     weight, bias = model.output()
@@ -345,6 +350,7 @@ def evaluate_pairs(
             )
         )
         count += int((batch.targets != IGNORE).sum())
+    model.train(was_training)
     nll = total / max(count, 1)
     return {"nll": nll, "ppl": float(torch.exp(torch.tensor(nll))), "tokens": count}
 
