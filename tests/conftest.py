@@ -35,6 +35,19 @@ CONDITIONAL_ENCODER_OPTIONS = {
         "dropout": 0.0,
     },
 }
+# diffusion denoisers (conditional encoders that read noised target embeddings, not a prefix):
+# the diffusion contract tests (tests/test_diffusion.py) run them
+DENOISER_ENCODER_OPTIONS = {
+    "diffusion_denoiser": {
+        "encoder_layers": 1,
+        "decoder_layers": 2,
+        "num_heads": 2,
+        "ff_size": 32,
+        "max_context": 48,
+        "dropout": 0.0,
+        "max_length_difference": 4,
+    },
+}
 CHAR_CNN = {"char_size": 8, "widths": [1, 2, 3], "channels_per_width": 8, "highway_layers": 1}
 OUTPUT_OPTIONS = {
     "lookup": {},

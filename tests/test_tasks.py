@@ -16,9 +16,9 @@ V = 20
 
 
 def test_the_tasks_are_registered_and_configurable():
-    assert TASKS.names() == ["lm", "translation"]
+    assert TASKS.names() == ["diffusion", "lm", "translation"]
     assert tiny_config().task == ComponentConfig("lm")
-    with pytest.raises(ConfigError, match="available: lm, translation"):
+    with pytest.raises(ConfigError, match="available: diffusion, lm, translation"):
         tiny_config(task='{kind = "parsing"}')
 
 

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.lexicon import Lexicon
 
     config = builders.load_config(args.config, args.set)
-    if config.task.kind == "translation":
+    if config.task.kind in ("translation", "diffusion"):  # sentence pairs
         from targetlm.data.parallel import load_parallel
 
         vocab = load_parallel(config.data, ()).vocab  # the joint subword vocabulary

@@ -39,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), tasks=None)
     if config.task.kind == "translation":
         return _eval_translation(args, config, vocab, model)
+    if config.task.kind == "diffusion":  # its validation losses
+        from targetlm.inference.diffusion import eval_run
+
+        return eval_run(args, config, vocab, model)
     check_combiners(args, config, model)
     split = args.split or "test"
     if args.file is not None:

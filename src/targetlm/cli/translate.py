@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from targetlm.data.parallel import (
     read_file_lines,
 )
 from targetlm.data.vocab import DataError
+from targetlm.registry import ConfigError
 
 
 def read_sources(path: Path, lowercase: bool) -> list[str]:
@@ -38,13 +40,28 @@ def translate_file(
     *,
     reference_path: Path | None = None,
     overrides: list[str] = (),
+    diffusion: dict[str, Any] | None = None,
 ) -> tuple[list[str], dict[str, Any]]:
     """The translations of ``source_path``'s lines and a summary (BLEU, chrF and their
-    signatures with a reference; sentences, seconds, sentences/s)."""
+    signatures with a reference; sentences, seconds, sentences/s). ``diffusion``: the
+    decoding options of a diffusion run (steps, length_beam, samples, seed, sampler; None: its own)."""
     from targetlm.inference.translate import score_translations, translate_texts
     from targetlm.runs import load_run
 
-    config, vocab, model, _ = load_run(run_dir, list(overrides), tasks=("translation",))
+    config, vocab, model, _ = load_run(run_dir, list(overrides), tasks=("translation", "diffusion"))
+    if config.task.kind == "diffusion":  # non-autoregressive: targetlm.inference.diffusion
+        from targetlm.inference import diffusion as diffusion_decoding
+        from targetlm.tasks import TASKS
+
+        task = TASKS.build(config.task.kind, config.task.options, "task")
+        options = diffusion_decoding.decode_options(
+            task, options.ensemble_lambda, **(diffusion or {})
+        )
+        translate_texts = partial(diffusion_decoding.translate_texts, task=task)
+    elif any(v is not None for v in (diffusion or {}).values()):
+        raise ConfigError(
+            "--steps, --length-beam, --samples, --seed and --sampler are for diffusion runs"
+        )
     options.check(model)
     lines = read_sources(source_path, config.data.lowercase)
     references = None
@@ -76,6 +93,8 @@ def translate_file(
         "length_penalty": options.length_penalty,
         "input": str(source_path),
     }
+    if config.task.kind == "diffusion":
+        summary.update(options.summary())
     if references is not None:
         summary.update(score_translations(hypotheses, references))
         summary["reference"] = str(reference_path)
@@ -107,7 +126,18 @@ def run(args: argparse.Namespace) -> int:
         ensemble_lambda=args.ensemble_lambda,
     )
     hypotheses, summary = translate_file(
-        args.run_dir, args.input, options, reference_path=args.reference, overrides=args.set
+        args.run_dir,
+        args.input,
+        options,
+        reference_path=args.reference,
+        overrides=args.set,
+        diffusion={
+            "steps": args.steps,
+            "length_beam": args.length_beam,
+            "samples": args.samples,
+            "seed": args.seed,
+            "sampler": args.sampler,
+        },
     )
     if args.output is not None:
         write_lines_atomic(args.output, hypotheses)
@@ -123,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"chrF {summary['chrf']:.2f}  {summary['chrf_signature']}")
     print(
         f"{summary['sentences']} sentences in {summary['seconds']:.1f} s "
-        f"({summary['sentences_per_s']:.1f} sentences/s, beam {args.beam}, "
+        f"({summary['sentences_per_s']:.1f} sentences/s, "
+        f"{summary.get('decoding', f'beam {args.beam}')}, "
         f"ensemble λ {args.ensemble_lambda:g})"
     )
     return 0
@@ -147,6 +178,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--length-penalty", type=float, default=1.0, help="α of score / length^α")
     p.add_argument("--max-len-a", type=float, default=1.5, help="max output length a·|src| + b")
     p.add_argument("--max-len-b", type=int, default=10)
+    diffusion = p.add_argument_group("diffusion runs (default: the run's [task] decode_* settings)")
+    diffusion.add_argument("--steps", type=int, metavar="K", help="denoising steps")
+    diffusion.add_argument("--length-beam", type=int, metavar="B", help="lengths per sentence")
+    diffusion.add_argument("--samples", type=int, metavar="S", help="noise samples per length")
+    diffusion.add_argument("--seed", type=int, help="the noise generator's seed")
+    diffusion.add_argument(
+        "--sampler", choices=["renoise", "posterior"], help="DINOISER's or Difformer's step"
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
     p.set_defaults(func=run)

@@ -1,6 +1,7 @@
 """Model pipeline: input embeddings, encoders, output layers and the model that wires them."""
 
 from targetlm.modules.char_cnn import CharCnn, StringIndex, index_strings
+from targetlm.modules.diffusion import DiffusionDenoiser
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS, LookupEmbedding
 from targetlm.modules.encoders import (
     ENCODERS,
@@ -47,6 +48,7 @@ __all__ = [
     "CharCnnOutput",
     "CompositionalOutput",
     "DeepResidualOutput",
+    "DiffusionDenoiser",
     "GrocEmbedding",
     "GrocOutput",
     "GroundedEncoder",

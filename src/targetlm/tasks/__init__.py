@@ -5,12 +5,14 @@ every task; a task only says what a :class:`Batch` holds and how the model reads
 """
 
 from targetlm.tasks.base import TASKS, Batch, StreamTask, Task
+from targetlm.tasks.diffusion import DiffusionTask
 from targetlm.tasks.lm import LanguageModelingTask
 from targetlm.tasks.translation import TranslationTask, pair_batches
 
 __all__ = [
     "TASKS",
     "Batch",
+    "DiffusionTask",
     "LanguageModelingTask",
     "StreamTask",
     "Task",

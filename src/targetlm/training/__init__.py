@@ -12,7 +12,12 @@ from targetlm.training.translation import TranslationTrainer
 
 
 def trainer_for(config: Config) -> type[Trainer]:
-    """The trainer of ``config``'s task: the sentence-pair one for ``translation``."""
+    """The trainer of ``config``'s task: the sentence-pair one for ``translation``, its
+    diffusion subclass for ``diffusion``."""
+    if config.task.kind == "diffusion":
+        from targetlm.training.diffusion import DiffusionTrainer
+
+        return DiffusionTrainer
     return TranslationTrainer if config.task.kind == "translation" else Trainer
 
 
