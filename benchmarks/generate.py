@@ -47,7 +47,7 @@ PROMPT_TOKENS = 16
 
 
 def training_config(steps: int, context: int, seed: int) -> dict:
-    """A small post-LN Transformer (d 128, 2 layers) with WDR heads, N = 4, trained on
+    """A small pre-LN Transformer (d 128, 2 layers) with WDR heads, N = 4, trained on
     independent blocks of the whole window (every position of it is trained)."""
     data = {"name": "synthetic", "batch_size": 4, "bptt": context, "shuffle": True}
     if os.environ.get("TARGETLM_DATA") and (Path(os.environ["TARGETLM_DATA"]) / "ptb").is_dir():

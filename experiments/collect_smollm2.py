@@ -83,7 +83,9 @@ def _formatter(r: dict):
 
 
 def main(root: str) -> None:
+    order = {"before": 0, "base": 1, "sim": 2, "wdr": 3}
     rows = [r for run in sorted(Path(root).iterdir()) if (r := row(run))]
+    rows.sort(key=lambda r: (order.get(r["preset"], 9), r["seed"]))
     print(
         "| model | seed | steps | valid ppl | test ppl (tokens) | test ppl (words) "
         "| λ (valid) | test ppl, ensemble | test word ppl, ensemble | test ppl at paper λ "

@@ -315,7 +315,8 @@ class Trainer:
         at learning rate ``lr`` (the carried state continues the stream); returns the main
         head's summed NLL and its number of targets."""
         c = self.config.train
-        self.model.train()  # whatever an evaluation left it in: dropout trains
+        if not self.model.training:  # whatever an evaluation left it in: dropout trains
+            self.model.train()  # (only on a change: GroC's train() drops its reused E_out)
         set_lr(self.optimizer, lr)
         self._freeze_body(self.step < c.heads_only_steps)
         micro_batches = batch if isinstance(batch, list) else [batch]
