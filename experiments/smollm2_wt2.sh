@@ -6,8 +6,9 @@
 #
 # The budget (the same for all; env vars change it): blocks of BPTT=128 tokens, BATCH=4 blocks
 # per step, JOINT=60 steps of full fine-tuning (linear schedule: 6 warm-up steps, decay to 0;
-# the paper's lr 1e-5), and for heads models HEADS_ONLY=60 steps of the heads alone before
-# (Medusa's warm-up, heads lr 1e-3); the first VALID/TEST fraction of the valid and test
+# the paper's lr 1e-5) after HEADS_ONLY=60 steps in which heads models train their heads alone
+# (Medusa's warm-up, heads lr 1e-3) and the base model nothing (it skips those batches, so all
+# models fine-tune on the same batches); the first VALID/TEST fraction of the valid and test
 # splits. "before" evaluates the pretrained model as published (no training).
 # Each run: runs/smollm2/PRESET-sSEED/ with results.json (valid/test token-level ppl) and
 # eval-{valid,test}.json (token- and word-level ppl, and each λ of the head ensemble).
@@ -32,10 +33,9 @@ if [ "$preset" = before ]; then
   done
   exit 0
 fi
-steps=$JOINT heads=()
-if [ "$preset" != base ]; then
-  steps=$((JOINT + HEADS_ONLY)) heads=(--set train.heads_only_steps=$HEADS_ONLY)
-fi
+# every model takes the HEADS_ONLY steps: a heads model trains its heads alone in them, the base
+# model trains nothing (it reads past those batches), so all three fine-tune on the same batches
+steps=$((JOINT + HEADS_ONLY)) heads=(--set train.heads_only_steps=$HEADS_ONLY)
 if [ ! -f "$run/results.json" ]; then
   resume=(); [ -f "$run/last.pt" ] && resume=(--resume)
   targetlm train "$config" --run-dir "$run" "${resume[@]}" "${common[@]}" "${heads[@]}" \

@@ -381,3 +381,22 @@ def _wider_llama():
     config = ARCHITECTURES["llama"](300)
     config.hidden_size = 48
     return config
+
+
+def test_a_base_model_skips_the_heads_only_steps(model_dir, tmp_path):
+    """Without heads nothing trains in the warm-up steps (the model reads past their batches),
+    so the base model's first real step reads the batch a heads model's first joint step reads."""
+    path = write_config(tmp_path / "c.toml", model_dir, "simple", "cross_entropy")
+    text = path.read_text().replace('kind = "simple"\nn = 3', 'kind = "none"')
+    path.write_text(text.replace("ngram_alpha = 0.3\n", ""))
+    config = builders.load_config(path)
+    assert config.model.heads.kind == "none" and config.train.heads_only_steps == 2
+    trainer = Trainer(config, tmp_path / "run", log=lambda _: None)
+    trainer._setup()
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    for step in range(2):
+        trainer.train_step(trainer.batches[step], 1e-2)
+        trainer.step += 1
+    assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    trainer.train_step(trainer.batches[2], 1e-2)
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())

@@ -128,7 +128,8 @@ class TrainConfig:
     clip: float = 0.0  # max gradient norm; 0 disables
     # optimiser steps that train only the N-gram heads (the rest frozen) before everything
     # trains (Medusa's warm-up of heads on a pretrained body; Heo et al. 2025 App. A.3.1), at
-    # a constant rate; the schedule then runs over the remaining steps (max_steps counts both)
+    # a constant rate; the schedule then runs over the remaining steps (max_steps counts both);
+    # a model without heads trains nothing in them (it skips their batches: a like-for-like base)
     heads_only_steps: int = 0
     heads_lr: float = 0.0  # the heads' learning rate (scheduled like lr); 0: lr
     accumulate: int = 1  # batches whose gradients add up to one optimiser step

@@ -338,7 +338,8 @@ class Trainer:
                     f"stopped. The last good checkpoint is kept in {self.run_dir}"
                 )
             scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
-            (out.loss * (scale / len(micro_batches))).backward()
+            if out.loss.requires_grad:  # (nothing trains in a base model's heads-only steps)
+                (out.loss * (scale / len(micro_batches))).backward()
             self.state = prediction.state if c.carry_state else None
             nll_sum, count = nll_sum + float(out.nll_sum), count + out.count
         self._synchronise_gradients()
@@ -366,10 +367,16 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def _freeze_body(self, frozen: bool) -> None:
-        """Train only the N-gram heads (``frozen``) or everything (the heads-only warm-up)."""
-        if not self.config.train.heads_only_steps or self.model.heads is None:
+        """Train only the N-gram heads (``frozen``) or everything (the heads-only warm-up).
+
+        A model without heads trains nothing in those steps: it reads past their batches, so
+        it then sees the batches a heads model sees after its warm-up (a like-for-like base).
+        """
+        if not self.config.train.heads_only_steps:
             return
-        heads = {id(p) for p in self.model.heads.parameters()}
+        heads = (
+            set() if self.model.heads is None else {id(p) for p in self.model.heads.parameters()}
+        )
         for parameter in list(self.model.parameters()) + list(self.objective.parameters()):
             if id(parameter) not in heads:
                 parameter.requires_grad_(not frozen)
