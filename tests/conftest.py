@@ -138,6 +138,18 @@ def write_pretrained_tokenizer(directory, lines, size: int = 300, rows: int | No
     model's embedding rows (default: the tokenizer's size). Needs ``tokenizers`` only."""
     import json
 
+    tokenizer = byte_level_bpe(lines, size)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    vocab_size = rows or tokenizer.get_vocab_size()
+    config = {"model_type": "llama", "vocab_size": vocab_size}
+    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return directory
+
+
+def byte_level_bpe(lines, size: int = 300):
+    """A GPT-2-style byte-level BPE ``tokenizers.Tokenizer`` trained on ``lines``, with one
+    special symbol (``<|endoftext|>``), as a small pretrained model would ship it."""
     import tokenizers as lib
 
     tokenizer = lib.Tokenizer(lib.models.BPE())
@@ -150,9 +162,4 @@ def write_pretrained_tokenizer(directory, lines, size: int = 300, rows: int | No
         show_progress=False,
     )
     tokenizer.train_from_iterator(lines, trainer)
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    vocab_size = rows or tokenizer.get_vocab_size()
-    config = {"model_type": "llama", "vocab_size": vocab_size}
-    (directory / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return directory
+    return tokenizer

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import byte_level_bpe
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -57,19 +58,8 @@ ARCHITECTURES = {
 }
 
 
-def tiny_tokenizer(size: int = 300):
-    lib = tokenizers
-    tokenizer = lib.Tokenizer(lib.models.BPE())
-    tokenizer.pre_tokenizer = lib.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = lib.decoders.ByteLevel()
-    trainer = lib.trainers.BpeTrainer(
-        vocab_size=size,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=lib.pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(LINES, trainer)
-    return tokenizer
+def tiny_tokenizer():
+    return byte_level_bpe(LINES)
 
 
 def write_model(directory: Path, architecture: str, rows: int | None = None) -> Path:

@@ -24,7 +24,6 @@ exactly (the heads are not even run).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from targetlm import functional
+from targetlm.inference.translate import decode_in_batches, timed_texts
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
 from targetlm.tasks.base import Batch
@@ -43,7 +43,6 @@ from targetlm.tasks.diffusion import (
     denoise,
     denoiser_of,
 )
-from targetlm.tasks.translation import pad
 
 
 @dataclass(frozen=True)
@@ -209,20 +208,14 @@ def translate_ids(
     """Output ids of every source, batched by length, in order; the noise generator is seeded
     once, so a call is reproducible."""
     options.check(model)
-    was_training = model.training
-    model.eval()
     generator = torch.Generator(device=device).manual_seed(options.seed)
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    outputs: list[list[int]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        source = pad([sources[i] for i in chunk], 0).to(device)
-        lengths = torch.tensor([len(sources[i]) for i in chunk], device=device)
-        mask = torch.arange(source.size(1), device=device)[None] < lengths[:, None]
-        for i, output in zip(chunk, generate(model, task, source, mask, options, eos, generator)):
-            outputs[i] = output
-    model.train(was_training)
-    return outputs
+    return decode_in_batches(
+        model,
+        sources,
+        lambda source, mask: generate(model, task, source, mask, options, eos, generator),
+        batch_size,
+        device,
+    )
 
 
 def translate_texts(
@@ -236,14 +229,12 @@ def translate_texts(
     device: str | torch.device = "cpu",
 ) -> tuple[list[str], float]:
     """Detokenized outputs of ``sources`` (ids) and the decoding time in seconds."""
-    from targetlm.data.parallel import decode_ids
-
-    start = time.perf_counter()
-    outputs = translate_ids(
-        model, task, sources, options, vocab.eos_id, batch_size=batch_size, device=device
+    return timed_texts(
+        vocab,
+        lambda: translate_ids(
+            model, task, sources, options, vocab.eos_id, batch_size=batch_size, device=device
+        ),
     )
-    seconds = time.perf_counter() - start
-    return [decode_ids(vocab.tokenizer, vocab, ids) for ids in outputs], seconds
 
 
 @torch.no_grad()

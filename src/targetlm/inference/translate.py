@@ -25,7 +25,7 @@ leave the batch. Beam 1 is greedy decoding.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,6 +279,30 @@ def decode(
     return beam_search(model, source, mask, options, eos)
 
 
+def decode_in_batches(
+    model: LanguageModel,
+    sources: Sequence[torch.Tensor],
+    decode_batch: Callable[[torch.Tensor, torch.Tensor], list[list[int]]],
+    batch_size: int,
+    device: str | torch.device,
+) -> list[list[int]]:
+    """``decode_batch(source (B, S), mask (B, S))`` over every source, batched by length,
+    outputs in input order; in eval mode, the model left in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs: list[list[int]] = [[] for _ in sources]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        source = pad([sources[i] for i in chunk], 0).to(device)
+        lengths = torch.tensor([len(sources[i]) for i in chunk], device=device)
+        mask = torch.arange(source.size(1), device=device)[None] < lengths[:, None]
+        for i, output in zip(chunk, decode_batch(source, mask)):
+            outputs[i] = output
+    model.train(was_training)
+    return outputs
+
+
 def translate_ids(
     model: LanguageModel,
     sources: Sequence[torch.Tensor],
@@ -290,19 +314,24 @@ def translate_ids(
 ) -> list[list[int]]:
     """Output ids of every source (each ending with ``<eos>``), batched by length, in order.
     The model decodes in eval mode and is left in the mode it was in."""
-    was_training = model.training
-    model.eval()
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    outputs: list[list[int]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        source = pad([sources[i] for i in chunk], 0).to(device)
-        lengths = torch.tensor([len(sources[i]) for i in chunk], device=device)
-        mask = torch.arange(source.size(1), device=device)[None] < lengths[:, None]
-        for i, output in zip(chunk, decode(model, source, mask, options, eos)):
-            outputs[i] = output
-    model.train(was_training)
-    return outputs
+    return decode_in_batches(
+        model,
+        sources,
+        lambda source, mask: decode(model, source, mask, options, eos),
+        batch_size,
+        device,
+    )
+
+
+def timed_texts(vocab: Any, translate: Callable[[], list[list[int]]]) -> tuple[list[str], float]:
+    """The detokenized outputs of ``translate()`` (ids) with the run's tokenizer, and the
+    decoding time in seconds."""
+    from targetlm.data.parallel import decode_ids
+
+    start = time.perf_counter()
+    outputs = translate()
+    seconds = time.perf_counter() - start
+    return [decode_ids(vocab.tokenizer, vocab, ids) for ids in outputs], seconds
 
 
 def translate_texts(
@@ -316,14 +345,12 @@ def translate_texts(
 ) -> tuple[list[str], float]:
     """Detokenized translations of ``sources`` (ids) with the run's tokenizer, and the
     decoding time in seconds."""
-    from targetlm.data.parallel import decode_ids
-
-    start = time.perf_counter()
-    outputs = translate_ids(
-        model, sources, options, vocab.eos_id, batch_size=batch_size, device=device
+    return timed_texts(
+        vocab,
+        lambda: translate_ids(
+            model, sources, options, vocab.eos_id, batch_size=batch_size, device=device
+        ),
     )
-    seconds = time.perf_counter() - start
-    return [decode_ids(vocab.tokenizer, vocab, ids) for ids in outputs], seconds
 
 
 @torch.no_grad()

@@ -36,11 +36,10 @@ from torch import nn
 
 from targetlm.modules.encoders import (
     ENCODERS,
-    FEEDFORWARD_ACTIVATIONS,
     Encoder,
     sinusoidal_positions,
 )
-from targetlm.modules.seq2seq import Attention, EncoderLayer, _Block
+from targetlm.modules.seq2seq import Attention, EncoderLayer, _Block, check_stack_options
 
 # --- forward processes ------------------------------------------------------------------------
 
@@ -262,14 +261,7 @@ class DiffusionDenoiser(Encoder):
     ) -> None:
         super().__init__()
         d = model_size or input_size
-        if norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-        if activation not in FEEDFORWARD_ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}")
-        if positions not in ("learned", "sinusoidal"):
-            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
-        if min(encoder_layers, decoder_layers) < 1:
-            raise ValueError("encoder_layers and decoder_layers must be >= 1")
+        check_stack_options(norm, activation, positions, encoder_layers, decoder_layers)
         if max_length_difference < 0:
             raise ValueError(f"max_length_difference must be >= 0, got {max_length_difference}")
         self.output_size, self.max_context = d, max_context

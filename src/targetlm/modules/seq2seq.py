@@ -214,6 +214,22 @@ class DecoderLayer(_Block):
         return self.residual(2, x, self.ff), kv
 
 
+def check_stack_options(
+    norm: str, activation: str, positions: str, encoder_layers: int, decoder_layers: int
+) -> None:
+    """The options an encoder–decoder stack's constructor checks (ValueError naming the first)."""
+    if norm not in ("pre", "post"):
+        raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+    if activation not in FEEDFORWARD_ACTIVATIONS:
+        raise ValueError(
+            f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}, got {activation!r}"
+        )
+    if positions not in ("learned", "sinusoidal"):
+        raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
+    if min(encoder_layers, decoder_layers) < 1:
+        raise ValueError("encoder_layers and decoder_layers must be >= 1")
+
+
 @ENCODERS.register("transformer_seq2seq")
 class TransformerSeq2Seq(Encoder):
     """Encoder–decoder Transformer: a bidirectional encoder over the source, a causal decoder
@@ -258,16 +274,7 @@ class TransformerSeq2Seq(Encoder):
     ) -> None:
         super().__init__()
         d = model_size or input_size
-        if norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-        if activation not in FEEDFORWARD_ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}, got {activation!r}"
-            )
-        if positions not in ("learned", "sinusoidal"):
-            raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
-        if min(encoder_layers, decoder_layers) < 1:
-            raise ValueError("encoder_layers and decoder_layers must be >= 1")
+        check_stack_options(norm, activation, positions, encoder_layers, decoder_layers)
         self.output_size, self.max_context = d, max_context
         self.scale = math.sqrt(input_size) if scale_embedding else 1.0
         self.source_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
