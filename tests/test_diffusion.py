@@ -281,6 +281,16 @@ def test_generate_proposes_lengths_from_the_length_classifier():
     options = DiffusionDecodeOptions(steps=2, length_beam=1)
     out = generate(model, DiffusionTask(), source, mask, options, EOS, torch.Generator())
     assert [len(row) for row in out] == [6, 8]
+    # oracle lengths (<eos> included) replace the classifier's beam, whatever its size
+    options = DiffusionDecodeOptions(steps=2, length_beam=3, samples=2)
+    oracle = torch.tensor([3, 10])
+    out = generate(model, DiffusionTask(), source, mask, options, EOS, torch.Generator(), oracle)
+    assert [len(row) for row in out] == [3, 10]
+    out = translate_ids(
+        model, DiffusionTask(), sentences((3, 5, 2), seed=2), options, EOS, batch_size=2,
+        target_lengths=[4, 2, 7],
+    )  # batched by source length: each source keeps its own target length
+    assert [len(row) for row in out] == [4, 2, 7]
 
 
 # --- the CLI end to end -----------------------------------------------------------------------
@@ -382,7 +392,9 @@ def test_diffusion_trains_evaluates_and_translates_end_to_end(trained_runs, caps
     summary = json.loads(capsys.readouterr().out)
     assert summary["sentences"] == 20 and summary["steps"] == 2 and summary["length_beam"] == 3
     assert {"bleu", "chrf", "bleu_signature", "sentences_per_s"} <= summary.keys()
-    assert summary["ensemble_lambda"] == 0.1
+    assert summary["ensemble_lambda"] == 0.1 and summary["oracle_length"] is False
+    assert main([*args, "--oracle-length", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["oracle_length"] is True
     # the same seed twice: the same output
     outputs = []
     for _ in range(2):
@@ -403,6 +415,7 @@ def test_diffusion_trains_evaluates_and_translates_end_to_end(trained_runs, caps
         ("none", ["--ensemble-lambda", "0.2"], "needs a model with N-gram heads"),
         ("wdr", ["--set", "task.schedule='cosine'"], "task.schedule: invalid value 'cosine'"),
         ("wdr", ["--input-is-empty"], "empty"),
+        ("wdr", ["--oracle-length"], "--oracle-length decodes at the reference's lengths"),
     ],
 )
 def test_bad_diffusion_input_is_one_clear_error_and_writes_nothing(
@@ -437,9 +450,10 @@ def test_diffusion_options_are_refused_for_a_translation_run(tmp_path, capsys):
     run = tmp_path / "nmt"
     assert main(["train", str(tiny_translation_config(tmp_path, data)), "--run-dir", str(run)]) == 0
     capsys.readouterr()
-    args = ["translate", str(run), "--input", str(data / "test.src"), "--steps", "3"]
-    assert main(args) == 2
-    assert "are for diffusion runs" in capsys.readouterr().err
+    args = ["translate", str(run), "--input", str(data / "test.src")]
+    for extra in (["--steps", "3"], ["--oracle-length"]):
+        assert main([*args, *extra]) == 2
+        assert "are for diffusion runs" in capsys.readouterr().err
 
 
 def test_diffusion_resumes_exactly(tmp_path):

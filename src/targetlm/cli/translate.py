@@ -49,19 +49,22 @@ def translate_file(
     from targetlm.runs import load_run
 
     config, vocab, model, _ = load_run(run_dir, list(overrides), tasks=("translation", "diffusion"))
+    diffusion = dict(diffusion or {})
+    oracle_length = bool(diffusion.pop("oracle_length", None))
     if config.task.kind == "diffusion":  # non-autoregressive: targetlm.inference.diffusion
         from targetlm.inference import diffusion as diffusion_decoding
         from targetlm.tasks import TASKS
 
         task = TASKS.build(config.task.kind, config.task.options, "task")
-        options = diffusion_decoding.decode_options(
-            task, options.ensemble_lambda, **(diffusion or {})
-        )
+        options = diffusion_decoding.decode_options(task, options.ensemble_lambda, **diffusion)
         translate_texts = partial(diffusion_decoding.translate_texts, task=task)
-    elif any(v is not None for v in (diffusion or {}).values()):
+    elif oracle_length or any(v is not None for v in diffusion.values()):
         raise ConfigError(
-            "--steps, --length-beam, --samples, --seed and --sampler are for diffusion runs"
+            "--steps, --length-beam, --samples, --seed, --sampler and --oracle-length are for "
+            "diffusion runs"
         )
+    if oracle_length and reference_path is None:
+        raise ConfigError("--oracle-length decodes at the reference's lengths: give --reference")
     options.check(model)
     lines = read_sources(source_path, config.data.lowercase)
     references = None
@@ -76,6 +79,10 @@ def translate_file(
                 f"{source_path}, line {number}: {len(ids)} source tokens exceed the model's "
                 f"max_context {context}"
             )
+    lengths = {}
+    if oracle_length:  # each reference's length in target tokens, <eos> included
+        targets = encode_lines(vocab.tokenizer, vocab, references)
+        lengths["target_lengths"] = [len(ids) for ids in targets]
     hypotheses, seconds = translate_texts(
         model,
         vocab,
@@ -83,6 +90,7 @@ def translate_file(
         options,
         batch_size=config.eval.batch_size,
         device=config.train.device,
+        **lengths,
     )
     summary: dict[str, Any] = {
         "sentences": len(hypotheses),
@@ -94,7 +102,7 @@ def translate_file(
         "input": str(source_path),
     }
     if config.task.kind == "diffusion":
-        summary.update(options.summary())
+        summary.update(options.summary(), oracle_length=oracle_length)
     if references is not None:
         summary.update(score_translations(hypotheses, references))
         summary["reference"] = str(reference_path)
@@ -137,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             "samples": args.samples,
             "seed": args.seed,
             "sampler": args.sampler,
+            "oracle_length": args.oracle_length,
         },
     )
     if args.output is not None:
@@ -185,6 +194,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     diffusion.add_argument("--seed", type=int, help="the noise generator's seed")
     diffusion.add_argument(
         "--sampler", choices=["renoise", "posterior"], help="DINOISER's or Difformer's step"
+    )
+    diffusion.add_argument(
+        "--oracle-length",
+        action="store_true",
+        default=None,
+        help="decode at the reference's lengths (needs --reference) instead of the predicted ones",
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true", help="print one JSON object (the summary)")

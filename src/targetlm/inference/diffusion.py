@@ -126,16 +126,22 @@ def generate(
     options: DiffusionDecodeOptions,
     eos: int,
     generator: torch.Generator,
+    lengths: torch.Tensor | None = None,
 ) -> list[list[int]]:
-    """The chosen output of every source row (ids without ``<eos>``); see the module."""
+    """The chosen output of every source row (ids without ``<eos>``); see the module.
+    ``lengths`` (B,): given target lengths (``<eos>`` included; the oracle), instead of the
+    length classifier's beam (then each row has only its S samples)."""
     denoiser = denoiser_of(model)
     memory = denoiser.start(model.embedding(source), mask)
     B, device = source.size(0), source.device
     Lb, S, K = options.length_beam, options.samples, options.steps
-    differences = (
-        denoiser.length_logits(memory).topk(Lb, -1).indices - denoiser.max_length_difference
-    )
-    lengths = (mask.sum(1)[:, None] + differences).clamp(1, denoiser.max_context)  # (B, Lb)
+    if lengths is None:
+        differences = (
+            denoiser.length_logits(memory).topk(Lb, -1).indices - denoiser.max_length_difference
+        )
+        lengths = (mask.sum(1)[:, None] + differences).clamp(1, denoiser.max_context)  # (B, Lb)
+    else:
+        Lb, lengths = 1, lengths.to(device)[:, None].clamp(1, denoiser.max_context)
     lengths = lengths.repeat_interleave(S, 1).reshape(-1)  # (R,), R = B·Lb·S
     rows = torch.arange(B, device=device).repeat_interleave(Lb * S)
     state = memory.select(rows)
@@ -204,15 +210,28 @@ def translate_ids(
     *,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
+    target_lengths: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Output ids of every source, batched by length, in order; the noise generator is seeded
-    once, so a call is reproducible."""
+    once, so a call is reproducible. ``target_lengths``: each output's length with its
+    ``<eos>`` (the oracle: the reference's), instead of the length classifier's proposals."""
     options.check(model)
+    if target_lengths is not None and len(target_lengths) != len(sources):
+        raise ValueError(
+            f"{len(target_lengths)} target lengths for {len(sources)} sources"
+        )
     generator = torch.Generator(device=device).manual_seed(options.seed)
+
+    def decode_batch(source: torch.Tensor, mask: torch.Tensor, index: list[int]):
+        lengths = None
+        if target_lengths is not None:
+            lengths = torch.tensor([target_lengths[i] for i in index])
+        return generate(model, task, source, mask, options, eos, generator, lengths)
+
     return decode_in_batches(
         model,
         sources,
-        lambda source, mask: generate(model, task, source, mask, options, eos, generator),
+        decode_batch,
         batch_size,
         device,
     )
@@ -227,12 +246,20 @@ def translate_texts(
     task: DiffusionTask,
     batch_size: int = 64,
     device: str | torch.device = "cpu",
+    target_lengths: Sequence[int] | None = None,
 ) -> tuple[list[str], float]:
     """Detokenized outputs of ``sources`` (ids) and the decoding time in seconds."""
     return timed_texts(
         vocab,
         lambda: translate_ids(
-            model, task, sources, options, vocab.eos_id, batch_size=batch_size, device=device
+            model,
+            task,
+            sources,
+            options,
+            vocab.eos_id,
+            batch_size=batch_size,
+            device=device,
+            target_lengths=target_lengths,
         ),
     )
 

@@ -282,12 +282,13 @@ def decode(
 def decode_in_batches(
     model: LanguageModel,
     sources: Sequence[torch.Tensor],
-    decode_batch: Callable[[torch.Tensor, torch.Tensor], list[list[int]]],
+    decode_batch: Callable[[torch.Tensor, torch.Tensor, list[int]], list[list[int]]],
     batch_size: int,
     device: str | torch.device,
 ) -> list[list[int]]:
-    """``decode_batch(source (B, S), mask (B, S))`` over every source, batched by length,
-    outputs in input order; in eval mode, the model left in the mode it was in."""
+    """``decode_batch(source (B, S), mask (B, S), index)`` over every source, batched by
+    length (``index``: the batch's positions in ``sources``), outputs in input order; in eval
+    mode, the model left in the mode it was in."""
     was_training = model.training
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -297,7 +298,7 @@ def decode_in_batches(
         source = pad([sources[i] for i in chunk], 0).to(device)
         lengths = torch.tensor([len(sources[i]) for i in chunk], device=device)
         mask = torch.arange(source.size(1), device=device)[None] < lengths[:, None]
-        for i, output in zip(chunk, decode_batch(source, mask)):
+        for i, output in zip(chunk, decode_batch(source, mask, chunk)):
             outputs[i] = output
     model.train(was_training)
     return outputs
@@ -317,7 +318,7 @@ def translate_ids(
     return decode_in_batches(
         model,
         sources,
-        lambda source, mask: decode(model, source, mask, options, eos),
+        lambda source, mask, _: decode(model, source, mask, options, eos),
         batch_size,
         device,
     )
