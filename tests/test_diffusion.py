@@ -215,6 +215,21 @@ def test_padding_never_changes_the_denoiser_output_at_real_positions(denoiser):
     )
 
 
+def test_cached_memory_keys_values_give_the_same_denoiser_output(denoiser):
+    model = model_for(denoiser).eval()
+    encoder = model.encoder
+    source = pad(sentences((6, 3), seed=3), 0)
+    mask = torch.arange(source.size(1))[None] < torch.tensor([7, 4])[:, None]
+    memory = encoder.start(model.embedding(source), mask)
+    rows = torch.tensor([0, 0, 1, 1, 1])  # candidates per sentence, as decoding selects them
+    x, t = torch.randn(5, 8, 16), torch.rand(5)
+    plain = denoise(model, x, memory.select(rows).at(t))
+    cached_state = encoder.cache_memory(memory).select(rows)
+    assert len(cached_state.memory_keys_values) == len(encoder.decoder_layers)
+    cached = denoise(model, x, cached_state.at(t))
+    torch.testing.assert_close(cached.main, plain.main, atol=1e-6, rtol=1e-6)
+
+
 def test_the_denoiser_refuses_the_translation_task_and_lm_use(denoiser):
     model = model_for(denoiser)
     with pytest.raises(ValueError, match="diffusion"):

@@ -144,7 +144,7 @@ def generate(
         Lb, lengths = 1, lengths.to(device)[:, None].clamp(1, denoiser.max_context)
     lengths = lengths.repeat_interleave(S, 1).reshape(-1)  # (R,), R = B·Lb·S
     rows = torch.arange(B, device=device).repeat_interleave(Lb * S)
-    state = memory.select(rows)
+    state = denoiser.cache_memory(memory).select(rows)  # projected once, not at every step
     R, T = rows.numel(), int(lengths.max())
     target_mask = torch.arange(T, device=device)[None] < lengths[:, None]  # (R, T)
     d = denoiser.target_size
@@ -217,9 +217,7 @@ def translate_ids(
     ``<eos>`` (the oracle: the reference's), instead of the length classifier's proposals."""
     options.check(model)
     if target_lengths is not None and len(target_lengths) != len(sources):
-        raise ValueError(
-            f"{len(target_lengths)} target lengths for {len(sources)} sources"
-        )
+        raise ValueError(f"{len(target_lengths)} target lengths for {len(sources)} sources")
     generator = torch.Generator(device=device).manual_seed(options.seed)
 
     def decode_batch(source: torch.Tensor, mask: torch.Tensor, index: list[int]):

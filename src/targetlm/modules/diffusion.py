@@ -160,6 +160,9 @@ class DenoiserState:
     time (B,): t of each row (None: only the source is encoded yet).
     target_mask (B, T) bool: True at real target positions (None: all real).
     previous (B, T, d_emb): the previous estimate x̂₀ (self-conditioning; None: zeros).
+    memory_keys_values: each denoiser layer's cross-attention keys and values of the memory,
+    computed once for many denoising calls (:meth:`DiffusionDenoiser.cache_memory`; None: each
+    call projects the memory).
     """
 
     memory: torch.Tensor
@@ -167,6 +170,7 @@ class DenoiserState:
     time: torch.Tensor | None = None
     target_mask: torch.Tensor | None = None
     previous: torch.Tensor | None = None
+    memory_keys_values: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
     def at(
         self,
@@ -178,8 +182,13 @@ class DenoiserState:
 
     def select(self, index: torch.Tensor) -> DenoiserState:
         """The source rows ``index`` (candidates of one sentence read its source)."""
+        cached = self.memory_keys_values
+        if cached is not None:
+            cached = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in cached)
         return DenoiserState(
-            self.memory.index_select(0, index), self.memory_mask.index_select(0, index)
+            self.memory.index_select(0, index),
+            self.memory_mask.index_select(0, index),
+            memory_keys_values=cached,
         )
 
 
@@ -196,9 +205,9 @@ class DenoiserLayer(_Block):
         q, k, v = (attention.split(y) for y in attention.in_proj(x).chunk(3, -1))
         return attention.attend(q, (k, v), key_mask=mask)
 
-    def forward(self, x, target_mask, memory, memory_mask):
+    def forward(self, x, target_mask, memory, memory_mask, memory_keys_values=None):
         x = self.residual(0, x, lambda y: self._self_attend(y, target_mask))
-        kv = self.cross_attention.keys_values(memory)
+        kv = memory_keys_values or self.cross_attention.keys_values(memory)
         x = self.residual(1, x, lambda y: self.cross_attention(y, kv, key_mask=memory_mask))
         return self.residual(2, x, self.ff)
 
@@ -307,6 +316,14 @@ class DiffusionDenoiser(Encoder):
             h = layer(h, mask)
         return DenoiserState(self.encoder_norm(h), mask)
 
+    def cache_memory(self, state: DenoiserState) -> DenoiserState:
+        """``state`` with every denoiser layer's cross-attention keys and values of the memory,
+        for decoding (K calls read one source; :meth:`DenoiserState.select` keeps them)."""
+        cached = tuple(
+            layer.cross_attention.keys_values(state.memory) for layer in self.decoder_layers
+        )
+        return replace(state, memory_keys_values=cached)
+
     def length_logits(self, state: DenoiserState) -> torch.Tensor:
         """Scores of the length differences −m..m (B, 2m + 1) from the masked mean of the memory."""
         weights = state.memory_mask.to(state.memory.dtype)[..., None]  # (B, S, 1)
@@ -337,6 +354,7 @@ class DiffusionDenoiser(Encoder):
         d = self.output_size
         time = self.time_mlp(time_features(state.time, d).to(x.dtype))[:, None]  # (B, 1, d)
         h = self.drop(self.target_map(x) + self.target_positions[:T] + time)
-        for layer in self.decoder_layers:
-            h = layer(h, state.target_mask, state.memory, state.memory_mask)
+        cached = state.memory_keys_values or (None,) * len(self.decoder_layers)
+        for layer, keys_values in zip(self.decoder_layers, cached):
+            h = layer(h, state.target_mask, state.memory, state.memory_mask, keys_values)
         return self.decoder_norm(h), state
