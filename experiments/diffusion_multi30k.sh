@@ -9,7 +9,8 @@
 # 3) and at the reference's lengths (--oracle-length), each into a translate-*.json beside the
 # run; WDR runs are decoded without and with the head ensemble at Table 10's λ = 0.1.
 # De→En WDR uses Table 10's De2En N = 3 (En→De: the preset's N = 2).
-# EPOCHS=N trains N epochs instead of the preset's 12 (put such runs in their own RUNS=dir).
+# EPOCHS=N trains N epochs instead of the preset's 12; SET="key=value ..." adds --set overrides
+# (put such runs in their own RUNS=dir).
 # Collect with: python experiments/collect_diffusion.py runs/diffusion
 set -euo pipefail
 direction=$1 preset=$2 seed=$3
@@ -21,6 +22,7 @@ data=${TARGETLM_DATA:?set TARGETLM_DATA to the directory holding multi30k/}/mult
 extra=()
 [ "$preset" = wdr ] && [ "$direction" = de-en ] && extra=(--set model.heads.n=3)
 [ -n "${EPOCHS:-}" ] && extra+=(--set train.epochs="$EPOCHS")
+for override in ${SET:-}; do extra+=(--set "$override"); done
 mkdir -p "$root"
 if [ ! -f "$run/results.json" ]; then
   resume=(); [ -f "$run/last.pt" ] && resume=(--resume)
