@@ -1,9 +1,12 @@
 """Collect the Multi30k diffusion runs of experiments/diffusion_multi30k.sh into markdown tables.
 
-    python experiments/collect_diffusion.py runs/diffusion
+    python experiments/collect_diffusion.py runs/diffusion [runs/diffusion-control:control ...]
 
-One row per run (DIRECTION-PRESET-sSEED) and decoding (K steps, λ, predicted or oracle
-length): test BLEU / chrF, sentences/s, and the run's validation losses (results.json).
+Each argument is a directory of runs, optionally ``:LABEL`` (appended to the model's name, for
+runs of the same preset under other settings). First a summary, the mean test BLEU over seeds
+of each model and decoding with every seed's value; then one row per run (DIRECTION-PRESET-sSEED)
+and decoding (K steps, λ, predicted or oracle length): test BLEU / chrF, sentences/s, and the
+run's validation losses (results.json).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from statistics import mean
 NAME = re.compile(r"translate-test-k(\d+)-lambda([0-9.]+)-(predicted|oracle)\.json")
 
 
-def rows(run: Path) -> list[dict]:
+def rows(run: Path, label: str = "") -> list[dict]:
     results = run / "results.json"
     if not results.is_file():
         return []
@@ -26,7 +29,7 @@ def rows(run: Path) -> list[dict]:
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
     base = {
         "direction": direction,
-        "preset": preset,
+        "preset": f"{preset} ({label})" if label else preset,
         "seed": seed[1:],
         "valid_mse": r["valid"]["mse"],
         "valid_ppl": r["valid"]["ppl"],
@@ -56,8 +59,33 @@ def rows(run: Path) -> list[dict]:
     return out
 
 
-def main(root: str) -> None:
-    table = [r for run in sorted(Path(root).iterdir()) if run.is_dir() for r in rows(run)]
+def summary(table: list[dict]) -> None:
+    groups: dict[tuple, list[dict]] = {}
+    for r in table:
+        key = (r["direction"], r["preset"], r["length"], r["k"], r["lam"])
+        groups.setdefault(key, []).append(r)
+    print("| direction | model | length | K | λ | seeds | test BLEU, mean | per seed | chrF, mean |")
+    print("|---|---|---|---:|---:|---:|---:|---|---:|")
+    for key in sorted(groups, key=lambda k: (k[0], k[2] != "predicted", k[1], k[3], k[4])):
+        group = sorted(groups[key], key=lambda r: r["seed"])
+        direction, preset, length, k, lam = key
+        per_seed = ", ".join(f"{r['bleu']:.2f}" for r in group)
+        print(
+            f"| {direction} | {preset} | {length} | {k} | {lam:g} | {len(group)} "
+            f"| {mean(r['bleu'] for r in group):.2f} | {per_seed} "
+            f"| {mean(r['chrf'] for r in group):.2f} |"
+        )
+    print()
+
+
+def main(roots: list[str]) -> None:
+    table = []
+    for argument in roots:
+        root, _, label = argument.partition(":")
+        for run in sorted(Path(root).iterdir()):
+            if run.is_dir():
+                table += rows(run, label)
+    summary(table)
     print(
         "| direction | model | seed | K | λ | length | test BLEU | test chrF | sent/s "
         "| valid L₀ | valid anchor ppl | length acc. | train tok/s | steps | min |"
@@ -85,4 +113,4 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "runs/diffusion")
+    main(sys.argv[1:] or ["runs/diffusion"])
