@@ -36,9 +36,10 @@ for steps in 10 20; do
     for length in predicted oracle; do
       out=$run/translate-test-k$steps-lambda$lam-$length.json
       flags=(); [ "$length" = oracle ] && flags=(--oracle-length)
-      [ -f "$out" ] || targetlm translate "$run" --input "$data/test_2016_flickr.$source_lang" \
+      # written whole or not at all: a run stopped while decoding leaves no empty json behind
+      [ -f "$out" ] || { targetlm translate "$run" --input "$data/test_2016_flickr.$source_lang" \
         --reference "$data/test_2016_flickr.$target_lang" --steps "$steps" \
-        --ensemble-lambda "$lam" "${flags[@]}" --json > "$out"
+        --ensemble-lambda "$lam" "${flags[@]}" --json > "$out.tmp" && mv "$out.tmp" "$out"; }
       echo "$out: $(python -c "import json,sys; r=json.load(open(sys.argv[1])); print(f\"BLEU {r['bleu']:.2f}, {r['sentences_per_s']:.1f} sentences/s\")" "$out")"
     done
   done

@@ -8,7 +8,8 @@
 # results.json has valid/test loss, ppl, BLEU and chrF of beam 5 with λ = 0), then for head
 # models translates val with beam 5 for every λ in LAMBDAS, and test with the λ best on val
 # (translate-*.json beside the run). Collect with: python experiments/collect_nmt.py runs/nmt
-# CONFIG_DIR=... picks another preset family (e.g. configs for nmt-small-* on a GPU).
+# FAMILY=... picks another preset family (e.g. nmt-small-multi30k on a GPU). EPOCHS=N trains N
+# epochs instead of the preset's; SET="key=value ..." adds --set overrides (e.g. the device).
 set -euo pipefail
 direction=$1 preset=$2 seed=$3
 source_lang=${direction%-*} target_lang=${direction#*-}
@@ -17,12 +18,15 @@ FAMILY=${FAMILY:-nmt-tiny-multi30k}
 root=${RUNS:-runs/nmt}
 run=$root/$direction-$preset-s$seed
 data=${TARGETLM_DATA:?set TARGETLM_DATA to the directory holding multi30k/}/multi30k
+extra=()
+[ -n "${EPOCHS:-}" ] && extra+=(--set train.epochs="$EPOCHS")
+for override in ${SET:-}; do extra+=(--set "$override"); done
 mkdir -p "$root"
 if [ ! -f "$run/results.json" ]; then
   resume=(); [ -f "$run/last.pt" ] && resume=(--resume)
   targetlm train "configs/$FAMILY-$preset.toml" --run-dir "$run" "${resume[@]}" \
     --set data.source_lang="\"$source_lang\"" --set data.target_lang="\"$target_lang\"" \
-    --set train.seed=$seed --set train.progress=false
+    --set train.seed=$seed --set train.progress=false "${extra[@]}"
 fi
 [ "$preset" = base ] && exit 0
 best=0 best_bleu=-1
