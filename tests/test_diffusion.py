@@ -302,7 +302,12 @@ def test_generate_proposes_lengths_from_the_length_classifier():
     out = generate(model, DiffusionTask(), source, mask, options, EOS, torch.Generator(), oracle)
     assert [len(row) for row in out] == [3, 10]
     out = translate_ids(
-        model, DiffusionTask(), sentences((3, 5, 2), seed=2), options, EOS, batch_size=2,
+        model,
+        DiffusionTask(),
+        sentences((3, 5, 2), seed=2),
+        options,
+        EOS,
+        batch_size=2,
         target_lengths=[4, 2, 7],
     )  # batched by source length: each source keeps its own target length
     assert [len(row) for row in out] == [4, 2, 7]
@@ -431,6 +436,15 @@ def test_diffusion_trains_evaluates_and_translates_end_to_end(trained_runs, caps
         ("wdr", ["--set", "task.schedule='cosine'"], "task.schedule: invalid value 'cosine'"),
         ("wdr", ["--input-is-empty"], "empty"),
         ("wdr", ["--oracle-length"], "--oracle-length decodes at the reference's lengths"),
+        ("none", ["--beam", "3"], "--beam: beam search's options; a diffusion run decodes with"),
+        ("wdr", ["--length-penalty", "0.6", "--max-len-b", "5"], "--length-penalty, --max-len-b"),
+        (
+            "wdr",
+            ["--input-is-too-long"],
+            "line 2: 4[0-9] source tokens exceed the model's max_context 40",
+        ),
+        ("wdr", ["--input-is-latin-1"], "not UTF-8"),
+        ("wdr", ["--reference-is-misaligned"], "lines"),
     ],
 )
 def test_bad_diffusion_input_is_one_clear_error_and_writes_nothing(
@@ -438,9 +452,18 @@ def test_bad_diffusion_input_is_one_clear_error_and_writes_nothing(
 ):
     runs, data = trained_runs
     source = data / "test.src"
-    if extra == ["--input-is-empty"]:
-        source, extra = tmp_path / "src.txt", []
-        source.write_text("a dog\n\nthe cat\n", encoding="utf-8")
+    if extra[0].startswith("--input-is-"):
+        source, problem, extra = tmp_path / "src.txt", extra[0], []
+        lines = {
+            "--input-is-empty": b"a dog\n\nthe cat\n",
+            "--input-is-too-long": ("a dog\n" + " ".join(["dog"] * 45) + "\n").encode(),
+            "--input-is-latin-1": "a dog\nle ch\u00e2teau\n".encode("latin-1"),
+        }
+        source.write_bytes(lines[problem])
+    if extra == ["--reference-is-misaligned"]:
+        reference = tmp_path / "ref.txt"
+        reference.write_text("ONE LINE\n", encoding="utf-8")
+        extra = ["--reference", str(reference)]
     output = tmp_path / "hyp.txt"
     args = ["translate", str(runs[run]), "--input", str(source), "--output", str(output)]
     assert main([*args, *extra]) == 2
@@ -456,6 +479,51 @@ def test_an_unknown_schedule_stops_training_before_anything_is_written(tmp_path,
     args = ["train", str(config), "--run-dir", str(run), "--set", "task.schedule='cosine'"]
     assert main(args) == 2
     assert "task.schedule" in capsys.readouterr().err and not run.exists()
+
+
+def replace_table(text: str, table: str, body: str) -> str:
+    """``text`` (TOML) with the ``[table]`` section's lines replaced by ``body``."""
+    head = text.index(f"[{table}]\n")
+    end = text.find("\n[", head + 1)
+    return text[:head] + f"[{table}]\n{body}\n" + text[end + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("length beam", r"task.length_beam = 12 exceeds the denoiser's 9 length classes"),
+        (
+            "translation task",
+            "is a diffusion denoiser: it trains with task.kind = 'diffusion', not 'translation'",
+        ),
+        (
+            "seq2seq encoder",
+            "task.kind = 'diffusion' needs model.encoder.kind = 'diffusion_denoiser'",
+        ),
+    ],
+)
+def test_a_task_and_encoder_that_do_not_fit_stop_training_before_anything_is_written(
+    tmp_path, capsys, case, message
+):
+    """Checked with the options, not after an epoch of training (the length beam) or in the
+    middle of the first step (a denoiser under another task)."""
+    data = write_corpus(tmp_path / "data", pairs=20)
+    text = tiny_diffusion_config(tmp_path, data).read_text(encoding="utf-8")
+    if case == "length beam":
+        text = text.replace("length_beam = 2", "length_beam = 12")
+    elif case == "translation task":
+        text = replace_table(text, "task", 'kind = "translation"')
+    else:
+        text = replace_table(
+            text, "model.encoder", 'kind = "transformer_seq2seq"\nmax_context = 40'
+        )
+    config = tmp_path / "config.toml"
+    config.write_text(text, encoding="utf-8")
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and __import__("re").search(message, err), err
+    assert not run.exists()
 
 
 def test_diffusion_options_are_refused_for_a_translation_run(tmp_path, capsys):

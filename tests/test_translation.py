@@ -389,6 +389,31 @@ def test_misaligned_training_files_and_empty_pairs(tmp_path, capsys):
     assert "skipped 1 training pairs with an empty side" in capsys.readouterr().out
 
 
+def test_pairs_longer_than_the_context_are_skipped_in_training_and_refused_in_evaluation(
+    tmp_path, capsys
+):
+    """A training pair the encoder cannot read is left out and counted (it crashed the first
+    step before); a valid or test pair is one error naming it, before the run directory."""
+    data = write_corpus(tmp_path / "data", pairs=40)
+    config = tiny_translation_config(tmp_path, data)
+    long_line = " ".join(["dog"] * 45)  # > max_context 40 tokens, whatever the BPE merges
+    for split in ("train", "val"):
+        lines = (data / f"{split}.src").read_text().splitlines()
+        lines[2] = long_line
+        (data / f"{split}.src").write_text("\n".join(lines) + "\n")
+        run = tmp_path / f"run-{split}"
+        code = main(["train", str(config), "--run-dir", str(run), "--set", "train.max_steps=2"])
+        out, err = capsys.readouterr()
+        if split == "train":
+            assert code == 0
+            assert "skipped 1 training pairs longer than the model's max_context 40" in out
+        else:
+            assert code == 2 and not run.exists()
+            assert len(err.strip().splitlines()) == 1
+            assert "val.src, pair 3 of split 'val': its source has" in err
+            assert "over the model's max_context 40" in err
+
+
 def test_translation_resumes_exactly(tmp_path):
     from targetlm import builders
     from targetlm.training import train

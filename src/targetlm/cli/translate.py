@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -41,10 +42,13 @@ def translate_file(
     reference_path: Path | None = None,
     overrides: list[str] = (),
     diffusion: dict[str, Any] | None = None,
+    beam_flags: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, Any]]:
     """The translations of ``source_path``'s lines and a summary (BLEU, chrF and their
     signatures with a reference; sentences, seconds, sentences/s). ``diffusion``: the
-    decoding options of a diffusion run (steps, length_beam, samples, seed, sampler; None: its own)."""
+    decoding options of a diffusion run (steps, length_beam, samples, seed, sampler; None: its own).
+    ``beam_flags``: the beam-search options given on the command line (refused for a diffusion
+    run, which would ignore them)."""
     from targetlm.inference.translate import score_translations, translate_texts
     from targetlm.runs import load_run
 
@@ -56,6 +60,11 @@ def translate_file(
         from targetlm.tasks import TASKS
 
         task = TASKS.build(config.task.kind, config.task.options, "task")
+        if beam_flags:
+            raise ConfigError(
+                f"{', '.join(beam_flags)}: beam search's options; a diffusion run decodes with "
+                "--steps, --length-beam and --samples"
+            )
         options = diffusion_decoding.decode_options(task, options.ensemble_lambda, **diffusion)
         translate_texts = partial(diffusion_decoding.translate_texts, task=task)
     elif oracle_length or any(v is not None for v in diffusion.values()):
@@ -126,13 +135,14 @@ def run(args: argparse.Namespace) -> int:
     """Run ``targetlm translate``; returns the exit status."""
     from targetlm.inference.translate import DecodeOptions
 
-    options = DecodeOptions(
-        beam=args.beam,
-        length_penalty=args.length_penalty,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        ensemble_lambda=args.ensemble_lambda,
-    )
+    beam_options = {  # None: not given (DecodeOptions' default)
+        "beam": args.beam,
+        "length_penalty": args.length_penalty,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+    }
+    given = {key: value for key, value in beam_options.items() if value is not None}
+    options = DecodeOptions(ensemble_lambda=args.ensemble_lambda, **given)
     hypotheses, summary = translate_file(
         args.run_dir,
         args.input,
@@ -147,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
             "sampler": args.sampler,
             "oracle_length": args.oracle_length,
         },
+        beam_flags=["--" + key.replace("_", "-") for key in given],
     )
     if args.output is not None:
         write_lines_atomic(args.output, hypotheses)
@@ -163,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{summary['sentences']} sentences in {summary['seconds']:.1f} s "
         f"({summary['sentences_per_s']:.1f} sentences/s, "
-        f"{summary.get('decoding', f'beam {args.beam}')}, "
+        f"{summary.get('decoding', f'beam {options.beam}')}, "
         f"ensemble λ {args.ensemble_lambda:g})"
     )
     return 0
@@ -176,7 +187,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", type=Path, required=True, help="source sentences, one per line")
     p.add_argument("--reference", type=Path, help="reference translations: print BLEU and chrF")
     p.add_argument("--output", type=Path, help="write the translations here (default: stdout)")
-    p.add_argument("--beam", type=int, default=5, help="beam size (1: greedy; default 5)")
+    p.add_argument("--beam", type=int, help="beam size (1: greedy; default 5)")
     p.add_argument(
         "--ensemble-lambda",
         type=float,
@@ -184,9 +195,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="L",
         help="λ of the N-gram head ensemble inside beam search (default 0: off)",
     )
-    p.add_argument("--length-penalty", type=float, default=1.0, help="α of score / length^α")
-    p.add_argument("--max-len-a", type=float, default=1.5, help="max output length a·|src| + b")
-    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--length-penalty", type=float, help="α of score / length^α (default 1)")
+    p.add_argument("--max-len-a", type=float, help="max output length a·|src| + b (default a 1.5)")
+    p.add_argument("--max-len-b", type=int, help="(default b 10)")
     diffusion = p.add_argument_group("diffusion runs (default: the run's [task] decode_* settings)")
     diffusion.add_argument("--steps", type=int, metavar="K", help="denoising steps")
     diffusion.add_argument("--length-beam", type=int, metavar="B", help="lengths per sentence")

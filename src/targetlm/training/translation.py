@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from targetlm.data.parallel import ParallelSplit, load_parallel
+from targetlm.data.datasets import parse_split
+from targetlm.data.parallel import ParallelSplit, load_parallel, split_file
+from targetlm.data.vocab import DataError
 from targetlm.inference.translate import (
     DecodeOptions,
     evaluate_pairs,
@@ -55,7 +57,47 @@ class TranslationTrainer(Trainer):
         )
 
     def _training_batches(self) -> list:
+        self._fit_context()
         return self._pairs(self.corpus.splits[self.config.data.train])
+
+    def _fit_context(self) -> None:
+        """Pairs the model cannot read (a side, ``<eos>`` included, longer than the encoder's
+        ``max_context``): training pairs are left out and counted, as empty ones are; a valid
+        or test pair is an error naming its line (scores over part of a split would mislead).
+        Runs before the run directory is made, so an error writes nothing."""
+        c = self.config.data
+        context = self.model.encoder.max_context
+        train = self.corpus.splits[c.train]
+        keep = [
+            i
+            for i, (s, t) in enumerate(zip(train.source, train.target))
+            if max(len(s), len(t)) <= context
+        ]
+        if len(keep) < len(train.source):
+            if not keep:
+                raise DataError(
+                    f"no training pair of {c.train!r} fits the model's max_context {context}"
+                )
+            self.log(
+                f"skipped {len(train.source) - len(keep)} training pairs longer than the "
+                f"model's max_context {context}"
+            )
+            for name in ("source", "target", "source_lines", "target_lines"):
+                rows = getattr(train, name)
+                setattr(train, name, [rows[i] for i in keep])
+        for split in dict.fromkeys([c.valid, c.test]):
+            part = self.corpus.splits[split]
+            for number, pair in enumerate(zip(part.source, part.target), 1):
+                for side, lang, ids in zip(
+                    ("source", "target"), (c.source_lang, c.target_lang), pair
+                ):
+                    if len(ids) > context:
+                        path = split_file(c, parse_split(split)[0], lang)
+                        raise DataError(
+                            f"{path}, pair {number} of split {split!r}: its {side} has "
+                            f"{len(ids)} tokens (<eos> included), over the model's max_context "
+                            f"{context}"
+                        )
 
     def _evaluate(self, split: str) -> dict[str, Any]:
         return evaluate_pairs(self.model, self.eval_batches[split], self.task, self.device)
