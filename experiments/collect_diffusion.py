@@ -3,10 +3,12 @@
     python experiments/collect_diffusion.py runs/diffusion [runs/diffusion-control:control ...]
 
 Each argument is a directory of runs, optionally ``:LABEL`` (appended to the model's name, for
-runs of the same preset under other settings). First a summary, the mean test BLEU over seeds
-of each model and decoding with every seed's value; then one row per run (DIRECTION-PRESET-sSEED)
-and decoding (K steps, λ, predicted or oracle length): test BLEU / chrF, sentences/s, and the
-run's validation losses (results.json).
+runs of the same preset under other settings). First the comparison, one row per label,
+direction and length: the mean test BLEU ± its standard deviation over seeds of base, of WDR
+decoded plainly (λ 0) and with the head ensemble (the λ > 0 decoded), at K 10 and 20; then the
+mean test BLEU over seeds of each model and decoding with every seed's value; then one row per
+run (DIRECTION-PRESET-sSEED) and decoding (K steps, λ, predicted or oracle length): test BLEU /
+chrF, sentences/s, and the run's validation losses (results.json).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from statistics import mean
+from statistics import mean, stdev
 
 NAME = re.compile(r"translate-test-k(\d+)-lambda([0-9.]+)-(predicted|oracle)\.json")
 
@@ -30,6 +32,8 @@ def rows(run: Path, label: str = "") -> list[dict]:
     base = {
         "direction": direction,
         "preset": f"{preset} ({label})" if label else preset,
+        "model": preset,
+        "label": label,
         "seed": seed[1:],
         "valid_mse": r["valid"]["mse"],
         "valid_ppl": r["valid"]["ppl"],
@@ -59,12 +63,72 @@ def rows(run: Path, label: str = "") -> list[dict]:
     return out
 
 
+def spread(values: list[float]) -> str:
+    """mean ± standard deviation over seeds (the mean alone for one seed)."""
+    if len(values) < 2:
+        return f"{mean(values):.2f}"
+    return f"{mean(values):.2f} ± {stdev(values):.2f}"
+
+
+def comparison(table: list[dict]) -> None:
+    """Base vs WDR (λ 0) vs WDR + ensemble (λ > 0): mean ± sd test BLEU over seeds, and the
+    ensemble's gain over base in means."""
+    cells: dict[tuple, list[float]] = {}
+    chrf: dict[tuple, list[float]] = {}
+    seeds: dict[tuple, set] = {}
+    for r in table:
+        model = "wdr-ens" if r["model"] != "base" and r["lam"] > 0 else r["model"]
+        cells.setdefault((r["label"], r["direction"], r["length"], model, r["k"]), []).append(
+            r["bleu"]
+        )
+        chrf.setdefault((r["label"], r["direction"], r["length"], model, r["k"]), []).append(
+            r["chrf"]
+        )
+        seeds.setdefault((r["label"], r["direction"], r["length"], r["model"]), set()).add(
+            r["seed"]
+        )
+    lambdas = sorted({r["lam"] for r in table if r["lam"] > 0})
+    print(
+        "| runs | direction | length | seeds (base / WDR) | K | base | WDR, λ 0 "
+        f"| WDR, λ {'/'.join(f'{x:g}' for x in lambdas) or '–'} | ensemble − base "
+        "| chrF: base / λ 0 / ensemble |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|")
+    rows = sorted({key[:3] for key in cells}, key=lambda k: (k[0], k[1], k[2] != "predicted"))
+    for label, direction, length in rows:
+        for k in (10, 20):
+            got = {
+                m: cells.get((label, direction, length, m, k)) for m in ("base", "wdr", "wdr-ens")
+            }
+            if not any(got.values()):
+                continue
+            counts = "/".join(
+                str(len(seeds.get((label, direction, length, m), ()))) for m in ("base", "wdr")
+            )
+            gain = (
+                f"{mean(got['wdr-ens']) - mean(got['base']):+.2f}"
+                if got["base"] and got["wdr-ens"]
+                else "–"
+            )
+            shown = [spread(v) if v else "–" for v in got.values()]
+            chrfs = [chrf.get((label, direction, length, m, k)) for m in ("base", "wdr", "wdr-ens")]
+            chrfs = " / ".join(f"{mean(v):.1f}" if v else "–" for v in chrfs)
+            print(
+                f"| {label or '–'} | {direction} | {length} | {counts} | {k} | "
+                + " | ".join(shown)
+                + f" | {gain} | {chrfs} |"
+            )
+    print()
+
+
 def summary(table: list[dict]) -> None:
     groups: dict[tuple, list[dict]] = {}
     for r in table:
         key = (r["direction"], r["preset"], r["length"], r["k"], r["lam"])
         groups.setdefault(key, []).append(r)
-    print("| direction | model | length | K | λ | seeds | test BLEU, mean | per seed | chrF, mean |")
+    print(
+        "| direction | model | length | K | λ | seeds | test BLEU, mean | per seed | chrF, mean |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---|---:|")
     for key in sorted(groups, key=lambda k: (k[0], k[2] != "predicted", k[1], k[3], k[4])):
         group = sorted(groups[key], key=lambda r: r["seed"])
@@ -85,6 +149,7 @@ def main(roots: list[str]) -> None:
         for run in sorted(Path(root).iterdir()):
             if run.is_dir():
                 table += rows(run, label)
+    comparison(table)
     summary(table)
     print(
         "| direction | model | seed | K | λ | length | test BLEU | test chrF | sent/s "
