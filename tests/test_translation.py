@@ -357,13 +357,21 @@ def bad(tmp_path, name, text: bytes | str):
         ("not utf-8", b"a dog\n\xff\xfe cat\n", None, r"src.txt, line 2: undecodable"),
         ("too long", "a dog\n" + "dog " * 60 + "\n", None, r"src.txt, line 2: .* exceed"),
         ("misaligned reference", "a dog\nthe cat\n", "A DOG\n", r"has 2 lines but .*ref.txt has 1"),
+        ("a directory", None, None, r"src.txt is a directory, not a text file"),
+        ("no such file", "", None, r"corpus file not found: .*missing.txt"),
     ],
 )
 def test_bad_translate_input_is_one_clear_error_and_writes_nothing(
     trained_run, tmp_path, capsys, case, source, reference, message
 ):
     run, _ = trained_run
-    args = ["translate", str(run), "--input", str(bad(tmp_path, "src.txt", source))]
+    if case == "a directory":
+        (tmp_path / "src.txt").mkdir()
+        args = ["translate", str(run), "--input", str(tmp_path / "src.txt")]
+    elif case == "no such file":
+        args = ["translate", str(run), "--input", str(tmp_path / "missing.txt")]
+    else:
+        args = ["translate", str(run), "--input", str(bad(tmp_path, "src.txt", source))]
     if reference is not None:
         args += ["--reference", str(bad(tmp_path, "ref.txt", reference))]
     output = tmp_path / "hyp.txt"

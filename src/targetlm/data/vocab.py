@@ -26,9 +26,14 @@ class DataError(ValueError):
 def read_text(path: str | Path) -> str:
     """The text of a UTF-8 file, without a leading byte-order mark."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path} is a directory, not a text file")
     if not path.is_file():
         raise DataError(f"corpus file not found: {path}")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as error:  # unreadable: permissions, a broken device
+        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
