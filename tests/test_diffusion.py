@@ -19,7 +19,12 @@ from test_translation import write_corpus
 from targetlm import functional
 from targetlm.cli import main
 from targetlm.config import ComponentConfig, ModelConfig
-from targetlm.inference.diffusion import DiffusionDecodeOptions, generate, translate_ids
+from targetlm.inference.diffusion import (
+    DiffusionDecodeOptions,
+    generate,
+    minimum_bayes_risk,
+    translate_ids,
+)
 from targetlm.modules import HEADS, build_model
 from targetlm.modules.diffusion import (
     DinoiserSchedule,
@@ -282,6 +287,17 @@ def test_decoding_option_errors(denoiser):
     ]:
         with pytest.raises(ConfigError, match=message):
             options.check(model)
+
+
+def test_minimum_bayes_risk_picks_the_consensus_and_the_first_on_ties():
+    pytest.importorskip("sacrebleu")
+    outlier, agreed, near = [5, 6, 7, 8, 9], [1, 2, 3, 4, 5], [1, 2, 3, 4, 6]
+    # the candidate another one repeats agrees most with the rest; its order does not matter
+    assert minimum_bayes_risk([outlier, agreed, near, agreed]) == agreed
+    assert minimum_bayes_risk([near, outlier, agreed, agreed]) == agreed
+    # no overlap at all: every score is 0, the first (the most probable length) is kept
+    assert minimum_bayes_risk([[1, 2, 3, 4], [5, 6, 7, 8]]) == [1, 2, 3, 4]
+    assert minimum_bayes_risk([[7, 8]]) == [7, 8]
 
 
 def test_generate_proposes_lengths_from_the_length_classifier():
