@@ -71,22 +71,13 @@ def spread(values: list[float]) -> str:
 
 
 def comparison(table: list[dict]) -> None:
-    """Base vs WDR (λ 0) vs WDR + ensemble (λ > 0): mean ± sd test BLEU over seeds, and the
-    ensemble's gain over base in means."""
-    cells: dict[tuple, list[float]] = {}
-    chrf: dict[tuple, list[float]] = {}
-    seeds: dict[tuple, set] = {}
+    """Base vs WDR (λ 0) vs WDR + ensemble (λ > 0): mean ± sd test BLEU over seeds, the
+    ensemble's gain over base in means, and the mean chrF of each."""
+    models = ("base", "wdr", "wdr-ens")
+    cells: dict[tuple, list[dict]] = {}  # (label, direction, length, model, K) -> rows
     for r in table:
         model = "wdr-ens" if r["model"] != "base" and r["lam"] > 0 else r["model"]
-        cells.setdefault((r["label"], r["direction"], r["length"], model, r["k"]), []).append(
-            r["bleu"]
-        )
-        chrf.setdefault((r["label"], r["direction"], r["length"], model, r["k"]), []).append(
-            r["chrf"]
-        )
-        seeds.setdefault((r["label"], r["direction"], r["length"], r["model"]), set()).add(
-            r["seed"]
-        )
+        cells.setdefault((r["label"], r["direction"], r["length"], model, r["k"]), []).append(r)
     lambdas = sorted({r["lam"] for r in table if r["lam"] > 0})
     print(
         "| runs | direction | length | seeds (base / WDR) | K | base | WDR, λ 0 "
@@ -94,29 +85,26 @@ def comparison(table: list[dict]) -> None:
         "| chrF: base / λ 0 / ensemble |"
     )
     print("|---|---|---|---|---:|---:|---:|---:|---:|---|")
-    rows = sorted({key[:3] for key in cells}, key=lambda k: (k[0], k[1], k[2] != "predicted"))
-    for label, direction, length in rows:
+    groups = sorted({key[:3] for key in cells}, key=lambda k: (k[0], k[1], k[2] != "predicted"))
+    for label, direction, length in groups:
         for k in (10, 20):
-            got = {
-                m: cells.get((label, direction, length, m, k)) for m in ("base", "wdr", "wdr-ens")
-            }
+            got = {m: cells.get((label, direction, length, m, k), []) for m in models}
             if not any(got.values()):
                 continue
-            counts = "/".join(
-                str(len(seeds.get((label, direction, length, m), ()))) for m in ("base", "wdr")
-            )
+            bleu = {m: [r["bleu"] for r in rows] for m, rows in got.items()}
+            counts = f"{len(got['base'])}/{len(got['wdr'])}"
             gain = (
-                f"{mean(got['wdr-ens']) - mean(got['base']):+.2f}"
-                if got["base"] and got["wdr-ens"]
+                f"{mean(bleu['wdr-ens']) - mean(bleu['base']):+.2f}"
+                if bleu["base"] and bleu["wdr-ens"]
                 else "–"
             )
-            shown = [spread(v) if v else "–" for v in got.values()]
-            chrfs = [chrf.get((label, direction, length, m, k)) for m in ("base", "wdr", "wdr-ens")]
-            chrfs = " / ".join(f"{mean(v):.1f}" if v else "–" for v in chrfs)
+            shown = " | ".join(spread(v) if v else "–" for v in bleu.values())
+            chrfs = " / ".join(
+                f"{mean(r['chrf'] for r in rows):.1f}" if rows else "–" for rows in got.values()
+            )
             print(
-                f"| {label or '–'} | {direction} | {length} | {counts} | {k} | "
-                + " | ".join(shown)
-                + f" | {gain} | {chrfs} |"
+                f"| {label or '–'} | {direction} | {length} | {counts} | {k} | {shown} "
+                f"| {gain} | {chrfs} |"
             )
     print()
 

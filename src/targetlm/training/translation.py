@@ -63,7 +63,7 @@ class TranslationTrainer(Trainer):
     def _fit_context(self) -> None:
         """Pairs the model cannot read (a side, ``<eos>`` included, longer than the encoder's
         ``max_context``): training pairs are left out and counted, as empty ones are; a valid
-        or test pair is an error naming its line (scores over part of a split would mislead).
+        or test pair is an error naming it (scores over part of a split would mislead).
         Runs before the run directory is made, so an error writes nothing."""
         c = self.config.data
         context = self.model.encoder.max_context
