@@ -169,6 +169,29 @@ def test_heads_that_predict_the_wdr_exactly_have_zero_loss():
     torch.testing.assert_close(terms["diffusion"], expected)
 
 
+def test_diffusion_weight_scales_only_the_diffusion_term():
+    """``task.diffusion_weight`` w: loss = w·L₀ + anchor + length weight·length (the base
+    control with WDR's ½ on L₀); w = 1 is the loss as it was, bit for bit."""
+    model = model_for()
+    targets = batch().targets
+    mask = targets != -100
+    weight, bias = model.output()
+    clean = DiffusionTask().clean_table(weight)[targets.clamp(min=0)] * mask[..., None]
+    extras = DiffusionState(
+        clean, mask, torch.ones(4), torch.randn(4, 9), torch.full((4,), 4, dtype=torch.long)
+    )
+    prediction = Prediction(clean + 0.3, None, extras)
+    terms = {}
+    for w in (1.0, 0.5):
+        loss = DiffusionLoss(CrossEntropyObjective(), None, 1.0, DiffusionTask(diffusion_weight=w))
+        terms[w] = loss.terms(prediction, targets, weight, bias)
+    anchor, length = terms[1.0]["anchor"].loss, 0.1 * terms[1.0]["length"]
+    assert torch.equal(terms[1.0]["loss"], terms[1.0]["mse"] + anchor + length)
+    torch.testing.assert_close(terms[0.5]["loss"], 0.5 * terms[1.0]["mse"] + anchor + length)
+    with pytest.raises(ValueError, match="diffusion_weight"):
+        DiffusionTask(diffusion_weight=float("nan"))
+
+
 @pytest.mark.parametrize("heads", HEAD_KINDS)
 def test_predict_and_loss_work_with_every_output_layer(denoiser, output_kind, heads):
     model = model_for(denoiser, output_kind, heads).train()

@@ -169,6 +169,13 @@ def test_schedules():
         TrainConfig(lr=1.0, schedule="epoch_decay", decay_factor=0.5, decay_start=4)
     )
     assert [epoch_decay.lr(0, e) for e in (1, 4, 5, 6, 13)] == [1.0, 1.0, 0.5, 0.25, 0.5**9]
+    # a paper's epochs kept in steps: epochs of 10 steps, the first decayed step is 41
+    in_steps = LrSchedule(
+        TrainConfig(
+            lr=1.0, schedule="epoch_decay", decay_factor=0.5, decay_start=4, decay_epoch_steps=10
+        )
+    )
+    assert [in_steps.lr(s, 1) for s in (1, 40, 41, 50, 51, 130)] == [1, 1, 0.5, 0.5, 0.25, 0.5**9]
     warm = LrSchedule(TrainConfig(lr=1.0, schedule="inverse_sqrt", warmup_steps=4))
     assert [warm.lr(s, 1) for s in (1, 2, 4, 16)] == [0.25, 0.5, 1.0, 0.5]
     plateau = LrSchedule(TrainConfig(lr=1.0, schedule="plateau", decay_factor=0.1, patience=1))

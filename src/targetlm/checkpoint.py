@@ -6,12 +6,12 @@ Outside the training package so that a checkpoint is readable without it (``runs
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from targetlm.files import atomic_write
 
 
 class CheckpointError(RuntimeError):
@@ -19,21 +19,11 @@ class CheckpointError(RuntimeError):
 
 
 def save_atomic(obj: Any, path: str | Path) -> None:
-    """Write ``obj`` with ``torch.save`` to a temporary file, fsync, then rename over ``path``.
+    """``torch.save`` ``obj`` to ``path`` whole or not at all (:func:`targetlm.files.atomic_write`).
 
     A crash or Ctrl-C at any moment leaves either the old file or the new one, never half of one.
     """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 def load(path: str | Path) -> dict[str, Any]:

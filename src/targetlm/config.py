@@ -123,6 +123,9 @@ class TrainConfig:
     schedule: Literal["constant", "epoch_decay", "plateau", "inverse_sqrt", "linear"] = "constant"
     decay_factor: float = 0.5
     decay_start: int = 4
+    # epoch_decay counts epochs of this many optimiser steps instead of passes over the data
+    # (0): a paper's schedule kept in steps when the corpus (and so an epoch) is smaller
+    decay_epoch_steps: int = 0
     patience: int = 0
     warmup_steps: int = 0
     clip: float = 0.0  # max gradient norm; 0 disables
@@ -295,6 +298,7 @@ def validate(config: Config) -> None:
         "gradient_diversity_every",
         "heads_only_steps",
         "warmup_steps",
+        "decay_epoch_steps",
     ):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0")

@@ -18,15 +18,12 @@ from targetlm.cli.common import (
 from targetlm.data import (
     read_file,
 )
+from targetlm.files import atomic_write
 from targetlm.inference.scoring import Combiners
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``targetlm score``; returns the exit status."""
-    """``targetlm score``: one JSON record per token of a file, with any combiners."""
-    import os
-    import tempfile
-
+    """Run ``targetlm score``: one JSON record per token of a file, with any combiners."""
     from targetlm.runs import load_run
 
     combiners = combiners_from_args(args) or Combiners()
@@ -38,27 +35,20 @@ def run(args: argparse.Namespace) -> int:
     main, *streams = score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # written whole or not at all: a temporary file renamed over the output
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for i, token in enumerate(tokens):
-                record = {
-                    "position": i,
-                    "token": token,
-                    "log_prob": float(main.log_probs[i]),
-                    "new": bool(main.is_new[i]),
-                }
-                if streams:
-                    record["ensemble"] = {
-                        f"{lam:g}": float(s.log_probs[i])
-                        for lam, s in zip(args.ensemble_lambda, streams)
-                    }
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    records = []
+    for i, token in enumerate(tokens):
+        record = {
+            "position": i,
+            "token": token,
+            "log_prob": float(main.log_probs[i]),
+            "new": bool(main.is_new[i]),
+        }
+        if streams:
+            record["ensemble"] = {
+                f"{lam:g}": float(s.log_probs[i]) for lam, s in zip(args.ensemble_lambda, streams)
+            }
+        records.append(json.dumps(record, ensure_ascii=False) + "\n")
+    atomic_write(out, "".join(records))  # whole or not at all
     summary = main.summary()
     print(
         f"{out}: {summary['tokens']:,} tokens of {args.file}, ppl {summary['ppl']:.2f}, "

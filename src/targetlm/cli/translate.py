@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -23,6 +21,7 @@ from targetlm.data.parallel import (
     read_file_lines,
 )
 from targetlm.data.vocab import DataError
+from targetlm.files import atomic_write
 from targetlm.registry import ConfigError
 
 
@@ -119,16 +118,9 @@ def translate_file(
 
 
 def write_lines_atomic(path: Path, lines: list[str]) -> None:
-    """Write ``path`` through a temporary file in its directory, renamed into place."""
+    """Write ``lines`` to ``path`` whole or not at all (:func:`targetlm.files.atomic_write`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write("".join(line + "\n" for line in lines))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write(path, "".join(line + "\n" for line in lines))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -92,6 +92,10 @@ class DiffusionTask(Task):
         self_condition_prob: probability of a self-conditioned training pass (0.5).
         length_loss_weight: weight of the length cross-entropy (Difformer: 0.1).
         anchor_weight: weight of the anchor (rounding) cross-entropy.
+        diffusion_weight: weight of the diffusion term (L₀, or with heads the N-gram total
+            ½·L₀ + α/(2N−2)·Σ L_n); 0.5 on a model without heads gives it the weight L₀ has
+            against the anchor and length losses in a WDR model (the control that separates
+            the heads from that reweighting).
         clip_every: dinoiser: recompute σ_min from the table every this many training
             batches (and on the first); 0: never (t ~ U(0, 1]).
         decode_steps, length_beam, samples, sampler, decode_seed: the defaults of decoding
@@ -113,6 +117,7 @@ class DiffusionTask(Task):
         self_condition_prob: float = 0.5,
         length_loss_weight: float = 0.1,
         anchor_weight: float = 1.0,
+        diffusion_weight: float = 1.0,
         clip_every: int = 100,
         decode_steps: int = 20,
         length_beam: int = 3,
@@ -134,8 +139,10 @@ class DiffusionTask(Task):
             raise ValueError("diffusion_steps and clip_every must be >= 0")
         if not 0 <= self_condition_prob <= 1:
             raise ValueError(f"self_condition_prob must be in [0, 1], got {self_condition_prob}")
-        if min(length_loss_weight, anchor_weight) < 0:
+        if not min(length_loss_weight, anchor_weight) >= 0:
             raise ValueError("length_loss_weight and anchor_weight must be >= 0")
+        if not diffusion_weight > 0:
+            raise ValueError(f"diffusion_weight must be > 0, got {diffusion_weight}")
         if min(decode_steps, length_beam, samples) < 1:
             raise ValueError("decode_steps, length_beam and samples must be >= 1")
         if sampler not in SAMPLERS:
@@ -144,6 +151,7 @@ class DiffusionTask(Task):
         self.embedding_scale, self.embedding_norm = embedding_scale, embedding_norm
         self.self_condition_prob = self_condition_prob
         self.length_loss_weight, self.anchor_weight = length_loss_weight, anchor_weight
+        self.diffusion_weight = diffusion_weight
         self.clip_every = clip_every
         self.decode = {
             "steps": decode_steps,
@@ -243,7 +251,7 @@ def masked_mse(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor
 
 
 class DiffusionLoss(nn.Module):
-    """``MSE + anchor·CE(x̂₀) + length_weight·CE(length)`` of a diffusion :class:`Prediction`.
+    """``w·MSE + anchor·CE(x̂₀) + length_weight·CE(length)`` of a diffusion :class:`Prediction`.
 
     MSE: L₀ = ‖x̂₀ − x₀‖² (mean over real positions and dimensions); with N-gram heads
     ``½·L₀ + α/(2N−2)·Σ_n L_n`` (:func:`targetlm.functional.ngram_loss`), L_n the MSE between
@@ -291,7 +299,7 @@ class DiffusionLoss(nn.Module):
         length = F.cross_entropy(extras.length_logits.float(), extras.length_classes)
         correct = (extras.length_logits.argmax(-1) == extras.length_classes).float().mean()
         loss = (
-            diffusion
+            self.task.diffusion_weight * diffusion
             + self.task.anchor_weight * anchor.loss
             + self.task.length_loss_weight * length
         )

@@ -39,7 +39,9 @@ class LrSchedule:
 
     - ``constant``: lr.
     - ``epoch_decay``: lr · factor^max(epoch − decay_start, 0), epochs counted from 1
-      (Zaremba et al.: factor 0.5 after epoch 4; Inan et al.: 0.9).
+      (Zaremba et al.: factor 0.5 after epoch 4; Inan et al.: 0.9); with
+      ``decay_epoch_steps`` = E > 0 the epoch of step s (from 1) is ⌊(s − 1)/E⌋ + 1, so a
+      schedule stated in a paper's epochs keeps its length in steps on a smaller corpus.
     - ``plateau``: lr · factor^k, k = number of validations that did not improve
       on the best for ``patience`` consecutive evaluations (GroC: ×0.1).
     - ``inverse_sqrt``: lr · step/warmup during warm-up, then lr · sqrt(warmup/step).
@@ -57,6 +59,8 @@ class LrSchedule:
     def lr(self, step: int, epoch: int) -> float:
         c = self.config
         if c.schedule == "epoch_decay":
+            if c.decay_epoch_steps:
+                epoch = (max(step, 1) - 1) // c.decay_epoch_steps + 1
             return c.lr * c.decay_factor ** max(epoch - c.decay_start, 0)
         if c.schedule == "plateau":
             return c.lr * c.decay_factor**self.reductions

@@ -1,0 +1,78 @@
+"""Files written whole or not at all.
+
+Every file targetlm writes (checkpoints, metrics, results, outputs of ``score`` and
+``translate``, exports) goes through :func:`atomic_write`: a temporary file in the same
+directory, flushed and fsync-ed, then renamed over the target. A crash, a kill or a full disk
+at any moment leaves the old file or the new one, never half of one, and no temporary file.
+The new file gets the mode a plain ``open`` would give it (``0o666`` less the umask), not
+``mkstemp``'s ``0o600``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+class DiskFullError(OSError):
+    """No space left (or the file-size limit reached) while writing a file; nothing was replaced."""
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[Any]], None]) -> None:
+    """Write ``content`` to ``path`` through a temporary file renamed into place.
+
+    Args:
+        path: the file to create or replace (its directory must exist).
+        content: text (written as UTF-8), bytes, or a function that writes to a binary handle
+            (e.g. ``lambda f: torch.save(obj, f)``).
+
+    Raises:
+        DiskFullError: the device is full or the file-size limit was reached (one line naming
+            the path; the temporary file is removed and ``path`` is untouched).
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as handle:
+            if isinstance(content, str):
+                handle.write(content.encode("utf-8"))
+            elif isinstance(content, bytes):
+                handle.write(content)
+            else:
+                content(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:
+        Path(tmp).unlink(missing_ok=True)
+        if _is_disk_full(error):
+            raise DiskFullError(
+                errno.ENOSPC, f"no space left on the device writing {path}"
+            ) from None
+        raise
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """ENOSPC / EFBIG anywhere in the chain (torch.save wraps the OSError in a RuntimeError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            return True
+        if isinstance(error, RuntimeError) and (
+            "No space left" in str(error) or "file size limit" in str(error).lower()
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
