@@ -216,6 +216,43 @@ def test_loss_is_the_weighted_sum_of_head_losses_and_nll_is_the_main_heads():
     assert [r.count for r in short] == [12, 10, 8]
 
 
+@pytest.mark.parametrize("loss_impl", ["full", "chunked"])
+def test_main_weight_and_heads_label_smoothing_ablations(loss_impl):
+    """``ngram_main_weight`` replaces the ½ on L₀; ``ngram_heads_label_smoothing`` smooths
+    only the heads' targets: checked against losses computed head by head."""
+    model = _model(heads="wdr", n=3)
+    options = {
+        "label_smoothing": 0.1,
+        "ngram_alpha": 0.6,
+        "ngram_main_weight": 1.0,
+        "ngram_heads_label_smoothing": 0.0,
+    }
+    objective = build_objective(ComponentConfig("cross_entropy", options), model, loss_impl)
+    prediction = model(torch.randint(V, (2, 6)))
+    targets = torch.randint(V, (2, 8))
+    weight, bias = model.output()
+    rows = objective.head_rows(prediction, targets, weight)
+
+    def ce(predicted, target, smoothing):
+        logits = F.linear(predicted, weight, bias).flatten(0, 1)
+        return F.cross_entropy(
+            logits, target.flatten(), ignore_index=-100, label_smoothing=smoothing
+        )
+
+    expected = 1.0 * ce(*rows[0], 0.1) + 0.6 / 4 * (ce(*rows[1], 0.0) + ce(*rows[2], 0.0))
+    out = objective(prediction, targets, weight, bias)
+    torch.testing.assert_close(out.loss, expected)
+    plain = CrossEntropyObjective()(prediction.main, targets[:, :6], weight, bias)
+    torch.testing.assert_close(out.nll_sum, plain.nll_sum)
+    with pytest.raises(ConfigError, match="ngram_main_weight"):
+        build_objective(ComponentConfig("cross_entropy", {"ngram_main_weight": 0.0}), model)
+    with pytest.raises(ConfigError, match="no\n?.*heads"):
+        build_objective(
+            ComponentConfig("cross_entropy", {"ngram_heads_label_smoothing": 0.0}),
+            _model(heads="none"),
+        )
+
+
 def test_wdr_conjugate_adds_no_gradient_to_the_output_embeddings(output_kind):
     """The gradient reaching E_out from a WDR head's loss is the one through the logit layer."""
     model = _model("lstm", output_kind, "wdr", n=4)

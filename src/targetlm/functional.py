@@ -208,18 +208,21 @@ def wdr_conjugate(x: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
-def ngram_loss(losses: Sequence[torch.Tensor], alpha: float = 1.0) -> torch.Tensor:
+def ngram_loss(
+    losses: Sequence[torch.Tensor], alpha: float = 1.0, main_weight: float = 0.5
+) -> torch.Tensor:
     """N-gram total loss (Heo et al. 2024): ``½·L₀ + α/(2N−2)·Σ_{n=1}^{N−1} L_n``.
 
     losses: [L_0, ..., L_{N−1}] scalars, L_0 the next-word loss. α = 1 is the 2024 paper's
     form (main and future heads weigh half each). One loss (N = 1) is returned unchanged.
+    ``main_weight`` replaces the ½ on L₀ (an ablation: 1 keeps the main loss at full weight).
     """
     if not losses:
         raise ValueError("ngram_loss needs at least the main loss L_0")
     if len(losses) == 1:
         return losses[0]
     heads = len(losses) - 1  # N − 1
-    return 0.5 * losses[0] + alpha / (2 * heads) * torch.stack(list(losses[1:])).sum()
+    return main_weight * losses[0] + alpha / (2 * heads) * torch.stack(list(losses[1:])).sum()
 
 
 def ensemble(

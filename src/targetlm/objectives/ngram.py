@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
 
 NGRAM_ALPHA = "ngram_alpha"  # the [objective] key of α (the wrapped objective never sees it)
+# [objective] keys of the N-gram loss itself, popped before the wrapped objective is built:
+# the weight of L₀ (the paper's ½) and the label smoothing of the heads' losses (default:
+# the wrapped objective's own, as in the paper)
+NGRAM_MAIN_WEIGHT = "ngram_main_weight"
+NGRAM_HEADS_LABEL_SMOOTHING = "ngram_heads_label_smoothing"
 LossImpl = Literal["full", "chunked", "auto"]
 
 
@@ -61,6 +67,10 @@ class NgramLoss(nn.Module):
         loss_impl: ``full`` | ``chunked`` | ``auto`` (``train.loss_impl``).
         chunk_tokens, chunk_vocab: the chunked path's tile (``train.loss_chunk_tokens``,
             ``train.loss_chunk_vocab``).
+        main_weight: the weight of L₀ (the paper's ½; ``objective.ngram_main_weight``).
+        heads_objective: the objective of L_1..L_{N−1} when it differs from the main one
+            (e.g. without label smoothing: ``objective.ngram_heads_label_smoothing``);
+            None: ``objective``.
     """
 
     def __init__(
@@ -71,22 +81,30 @@ class NgramLoss(nn.Module):
         loss_impl: LossImpl = "full",
         chunk_tokens: int = CHUNK_TOKENS,
         chunk_vocab: int = CHUNK_VOCAB,
+        main_weight: float = 0.5,
+        heads_objective: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        if alpha < 0:
+        if not alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if not main_weight > 0:
+            raise ValueError(f"main_weight must be > 0, got {main_weight}")
         if loss_impl not in ("full", "chunked", "auto"):
             raise ValueError(f"loss_impl must be full, chunked or auto, got {loss_impl!r}")
         if chunk_tokens < 1 or chunk_vocab < 1:
             raise ValueError(f"the loss tile must be >= 1 x 1, got {chunk_tokens} x {chunk_vocab}")
-        if loss_impl == "chunked" and not getattr(objective, "chunkable", False):
-            raise ValueError(
-                f"loss_impl = 'chunked': {type(objective).__name__} cannot run chunked "
-                "(AL needs detach_target = true); use 'full' or 'auto'"
-            )
+        heads_objective = objective if heads_objective is None else heads_objective
+        for each in {id(objective): objective, id(heads_objective): heads_objective}.values():
+            if loss_impl == "chunked" and not getattr(each, "chunkable", False):
+                raise ValueError(
+                    f"loss_impl = 'chunked': {type(each).__name__} cannot run chunked "
+                    "(AL needs detach_target = true); use 'full' or 'auto'"
+                )
         self.loss_impl = loss_impl
         self.chunk = (chunk_tokens, chunk_vocab)
         self.objective = objective
+        self.heads_objective = heads_objective
+        self.main_weight = main_weight
         self.heads = [heads]  # a list so the heads stay registered in the model only
         self.alpha = alpha
         # extra target columns the trainer supplies
@@ -102,8 +120,8 @@ class NgramLoss(nn.Module):
         """[L₀, L₁, ..., L_{N−1}] as the wrapped objective's records (mean loss, NLL, count),
         each on its own full logits."""
         return [
-            self.objective(p, t, weight, bias)
-            for p, t in self.head_rows(prediction, targets, weight)
+            (self.objective if n == 0 else self.heads_objective)(p, t, weight, bias)
+            for n, (p, t) in enumerate(self.head_rows(prediction, targets, weight))
         ]
 
     def head_rows(
@@ -137,7 +155,9 @@ class NgramLoss(nn.Module):
         """Whether a step of ``rows`` scored rows (all heads) over ``vocab_size`` words runs
         chunked: always (``chunked``), never (``full``), or from 2**25 logits (``auto``)."""
         if self.loss_impl == "auto":
-            chunkable = getattr(self.objective, "chunkable", False)
+            chunkable = getattr(self.objective, "chunkable", False) and getattr(
+                self.heads_objective, "chunkable", False
+            )
             return chunkable and rows * vocab_size >= AUTO_CHUNK_ELEMENTS
         return self.loss_impl == "chunked"
 
@@ -155,7 +175,7 @@ class NgramLoss(nn.Module):
         records = self.head_losses(prediction, targets, weight, bias)
         if len(records) == 1:
             return records[0]
-        loss = functional.ngram_loss([r.loss for r in records], self.alpha)
+        loss = functional.ngram_loss([r.loss for r in records], self.alpha, self.main_weight)
         return LossOutput(loss, records[0].nll_sum, records[0].count)
 
     def chunked(
@@ -172,11 +192,11 @@ class NgramLoss(nn.Module):
         predicted = torch.cat([p.reshape(-1, d) for p, _ in heads])  # (N·B·T, d)
         stacked = torch.cat([t.reshape(-1) for _, t in heads])  # (N·B·T,)
         counts = [int((t != IGNORE).sum()) for _, t in heads]
-        # functional.ngram_loss's weights: ½ and α/(2N−2), or 1 without heads
+        # functional.ngram_loss's weights: ½ (main_weight) and α/(2N−2), or 1 without heads
         head_weights = (
             [1.0]
             if self.lookahead == 0
-            else [0.5] + [self.alpha / (2 * self.lookahead)] * self.lookahead
+            else [self.main_weight] + [self.alpha / (2 * self.lookahead)] * self.lookahead
         )
         dtype = torch.promote_types(predicted.dtype, torch.float32)
         row_weights = torch.cat(
@@ -185,42 +205,62 @@ class NgramLoss(nn.Module):
                 for (_, t), w, c in zip(heads, head_weights, counts)
             ]
         )
-        out = chunked_logit_loss(
-            predicted,
-            weight,
-            bias,
-            stacked,
-            self.objective.logit_terms(weight),
-            row_weights,
-            "sum",
-            *self.chunk,
-        )
         main = heads[0][1].numel()
+        if self.heads_objective is self.objective:  # every head's rows in one call
+            parts = [(slice(None), self.objective)]
+        else:  # the main rows and the heads' rows each with their own logit terms
+            parts = [(slice(0, main), self.objective), (slice(main, None), self.heads_objective)]
+        outs = [
+            chunked_logit_loss(
+                predicted[rows],
+                weight,
+                bias,
+                stacked[rows],
+                objective.logit_terms(weight),
+                row_weights[rows],
+                "sum",
+                *self.chunk,
+            )
+            for rows, objective in parts
+        ]
+        loss = outs[0].loss if len(outs) == 1 else outs[0].loss + outs[1].loss
         scored = stacked[:main] != IGNORE
-        nll_sum = (out.log_norm[:main] - out.target_logits[:main])[scored].sum()
-        return LossOutput(out.loss, nll_sum, counts[0])
+        nll_sum = (outs[0].log_norm[:main] - outs[0].target_logits[:main])[scored].sum()
+        return LossOutput(loss, nll_sum, counts[0])
 
 
 def split_ngram_options(
     options: Mapping[str, Any], has_heads: bool
-) -> tuple[float, dict[str, Any]]:
-    """``[objective]`` options -> (α, the wrapped objective's options).
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """``[objective]`` options -> (the N-gram loss's own options, the wrapped objective's).
 
-    ``ngram_alpha`` (default 1) weighs the heads' losses; it is an error without heads."""
+    The N-gram loss's keys: ``ngram_alpha`` (α, default 1) weighs the heads' losses,
+    ``ngram_main_weight`` (default ½) L₀, ``ngram_heads_label_smoothing`` (default: the
+    objective's ``label_smoothing``) smooths the heads' targets only. Each is an error
+    without heads. Returned as ``{"alpha", "main_weight"[, "heads_label_smoothing"]}``."""
     rest = dict(options)
-    if NGRAM_ALPHA not in rest:
-        return 1.0, rest
-    alpha = rest.pop(NGRAM_ALPHA)
-    if not has_heads:
-        raise ConfigError(
-            f"objective.{NGRAM_ALPHA}: weighs the N-gram heads' losses, but the model has no "
-            "heads (model.heads.kind = 'none')"
-        )
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise ConfigError(f"objective.{NGRAM_ALPHA}: expected a number, got {alpha!r}")
-    if alpha < 0:
-        raise ConfigError(f"objective.{NGRAM_ALPHA}: must be >= 0, got {alpha}")
-    return float(alpha), rest
+    ngram = {"alpha": 1.0, "main_weight": 0.5}
+    keys = {
+        NGRAM_ALPHA: ("alpha", 0.0, math.inf, "must be >= 0"),
+        NGRAM_MAIN_WEIGHT: ("main_weight", 0.0, math.inf, "must be > 0"),
+        NGRAM_HEADS_LABEL_SMOOTHING: ("heads_label_smoothing", 0.0, 1.0, "must be in [0, 1)"),
+    }
+    for key, (name, low, high, valid) in keys.items():
+        if key not in rest:
+            continue
+        value = rest.pop(key)
+        if not has_heads:
+            raise ConfigError(
+                f"objective.{key}: applies to the N-gram heads' losses, but the model has no "
+                "heads (model.heads.kind = 'none')"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"objective.{key}: expected a number, got {value!r}")
+        inside = low <= value < high if key != NGRAM_MAIN_WEIGHT else low < value < high
+        if not inside:
+            raise ConfigError(f"objective.{key}: {valid}, got {value}")
+        ngram[name] = float(value)
+    return ngram, rest
 
 
 def build_objective(
@@ -233,11 +273,33 @@ def build_objective(
     """The training objective for ``model``: the configured objective inside :class:`NgramLoss`
     (the wrapped objective alone when the model has no heads), computed ``loss_impl``
     (``train.loss_impl``) with ``chunk_tokens`` x ``chunk_vocab`` tiles when chunked."""
-    alpha, options = split_ngram_options(config.options, model.heads is not None)
+    ngram, options = split_ngram_options(config.options, model.heads is not None)
     objective = OBJECTIVES.build(config.kind, options, "objective", embedding=model.embedding)
-    if loss_impl == "chunked" and not getattr(objective, "chunkable", False):
+    heads_objective = None
+    if "heads_label_smoothing" in ngram:
+        if "label_smoothing" not in OBJECTIVES.options(config.kind):
+            raise ConfigError(
+                f"objective.{NGRAM_HEADS_LABEL_SMOOTHING}: objective {config.kind!r} has no "
+                "label_smoothing"
+            )
+        smoothing = {**options, "label_smoothing": ngram["heads_label_smoothing"]}
+        heads_objective = OBJECTIVES.build(
+            config.kind, smoothing, "objective", embedding=model.embedding
+        )
+    if loss_impl == "chunked" and not all(
+        getattr(o, "chunkable", False) for o in (objective, heads_objective or objective)
+    ):
         raise ConfigError(
             f"train.loss_impl = 'chunked': objective {config.kind!r} with these options cannot "
             "run chunked (AL: needs detach_target = true); use 'full' or 'auto'"
         )
-    return NgramLoss(objective, model.heads, alpha, loss_impl, chunk_tokens, chunk_vocab)
+    return NgramLoss(
+        objective,
+        model.heads,
+        ngram["alpha"],
+        loss_impl,
+        chunk_tokens,
+        chunk_vocab,
+        main_weight=ngram["main_weight"],
+        heads_objective=heads_objective,
+    )

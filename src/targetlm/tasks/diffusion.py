@@ -268,9 +268,17 @@ class DiffusionLoss(nn.Module):
 
     lookahead = 0  # pair batches carry the whole target
 
-    def __init__(self, objective: nn.Module, heads: nn.Module | None, alpha: float, task) -> None:
+    def __init__(
+        self,
+        objective: nn.Module,
+        heads: nn.Module | None,
+        alpha: float,
+        task,
+        main_weight: float = 0.5,
+    ) -> None:
         super().__init__()
         self.objective, self.heads, self.alpha, self.task = objective, [heads], alpha, task
+        self.main_weight = main_weight
 
     def terms(
         self,
@@ -293,7 +301,11 @@ class DiffusionLoss(nn.Module):
                 shifted = F.pad(clean[:, n:], (0, 0, 0, n))  # x₀[s + n] at column s
                 scored = F.pad(mask[:, n:], (0, n), value=False)[:, :T]
                 head_mse.append(masked_mse(estimate, shifted, scored))
-        diffusion = functional.ngram_loss([mse, *head_mse], self.alpha) if head_mse else mse
+        diffusion = (
+            functional.ngram_loss([mse, *head_mse], self.alpha, self.main_weight)
+            if head_mse
+            else mse
+        )
         scale = self.task.embedding_scale
         anchor = self.objective(prediction.main / scale, targets, weight, bias)
         length = F.cross_entropy(extras.length_logits.float(), extras.length_classes)
@@ -327,5 +339,10 @@ class DiffusionLoss(nn.Module):
 
 def diffusion_loss(ngram: nn.Module, task: DiffusionTask) -> DiffusionLoss:
     """The diffusion loss around the run's built objective (an ``NgramLoss``: its wrapped
-    objective, heads and α)."""
-    return DiffusionLoss(ngram.objective, ngram.heads[0], ngram.alpha, task)
+    objective, heads, α and L₀'s weight)."""
+    if ngram.heads_objective is not ngram.objective:
+        raise ConfigError(
+            "objective.ngram_heads_label_smoothing: the diffusion heads' losses are MSEs, "
+            "with no targets to smooth"
+        )
+    return DiffusionLoss(ngram.objective, ngram.heads[0], ngram.alpha, task, ngram.main_weight)

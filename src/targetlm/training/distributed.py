@@ -256,11 +256,15 @@ class ShardedObjective(nn.Module):
         total = self.collectives.sum(local)
         rows = prediction.main.shape[:-1].numel() * len(heads)
         chunked = self.objective.uses_chunked(rows, weight.size(0))
-        records = [self._head_loss(p, t, weight, bias, chunked) for p, t in heads]
+        records = [
+            self._head_loss(p, t, weight, bias, chunked, n > 0) for n, (p, t) in enumerate(heads)
+        ]
         world_size = self.collectives.ranks.world_size
         shares = [world_size * c / n if n else 0.0 for c, n in zip(local, total)]
         loss = functional.ngram_loss(
-            [share * r.loss for share, r in zip(shares, records)], self.objective.alpha
+            [share * r.loss for share, r in zip(shares, records)],
+            self.objective.alpha,
+            self.objective.main_weight,
         )
         loss_sum, nll_sum = self.collectives.sum([loss.item(), records[0].nll_sum.item()])
         batch_loss = loss_sum / world_size
@@ -275,17 +279,20 @@ class ShardedObjective(nn.Module):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         chunked: bool,
+        future: bool,
     ) -> LossOutput:
-        """One head's mean loss on this rank's rows, computed as the objective computes it."""
+        """One head's mean loss on this rank's rows, computed as the objective computes it
+        (``future``: a head n ≥ 1, whose objective may differ from the main one's)."""
+        objective = self.objective.heads_objective if future else self.objective.objective
         if not chunked:
-            return self.objective.objective(predicted, targets, weight, bias)
+            return objective(predicted, targets, weight, bias)
         flat_targets = targets.reshape(-1)
         out = chunked_logit_loss(
             predicted.reshape(-1, predicted.size(-1)),
             weight,
             bias,
             flat_targets,
-            self.objective.objective.logit_terms(weight),
+            objective.logit_terms(weight),
             None,
             "mean",
             *self.objective.chunk,
