@@ -21,12 +21,13 @@ from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.objectives.base import OBJECTIVES, LossOutput
-from targetlm.registry import ConfigError
+from targetlm.registry import ConfigError, NonNegative, check_type
 
 if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
 
 NGRAM_ALPHA = "ngram_alpha"  # the [objective] key of α (the wrapped objective never sees it)
+NgramAlpha = NonNegative  # its type and range
 LossImpl = Literal["full", "chunked", "auto"]
 
 
@@ -216,11 +217,7 @@ def split_ngram_options(
             f"objective.{NGRAM_ALPHA}: weighs the N-gram heads' losses, but the model has no "
             "heads (model.heads.kind = 'none')"
         )
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise ConfigError(f"objective.{NGRAM_ALPHA}: expected a number, got {alpha!r}")
-    if alpha < 0:
-        raise ConfigError(f"objective.{NGRAM_ALPHA}: must be >= 0, got {alpha}")
-    return float(alpha), rest
+    return check_type(f"objective.{NGRAM_ALPHA}", alpha, NgramAlpha), rest
 
 
 def build_objective(
