@@ -20,7 +20,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -126,7 +126,7 @@ def check_type(key: str, value: Any, annotation: Any) -> Any:
     """Check ``value`` against a type ``annotation``; return it (ints widen to floats).
 
     Supports the annotations configs use: bool, int, float, str, None, Literal,
-    unions (``X | None``), ``list[X]`` / ``tuple[X, ...]``, ``dict`` and
+    unions (``X | None``), ``list[X]`` / ``tuple[X, ...]`` / ``Sequence[X]``, ``dict`` and
     ``Annotated[X, Range(...)]`` (the value is then checked against the range too).
     """
     if annotation is Any or annotation is inspect.Parameter.empty:
@@ -155,7 +155,7 @@ def check_type(key: str, value: Any, annotation: Any) -> Any:
                 continue
         names = " or ".join(_type_name(a) for a in args)
         raise ConfigError(f"{key}: expected {names}, got {_describe(value)}")
-    if origin in (list, tuple):
+    if origin in (list, tuple, Sequence):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {_describe(value)}")
         item_type = args[0] if args else Any
