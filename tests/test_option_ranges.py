@@ -5,6 +5,7 @@ constructors, so a new option without a range fails here."""
 
 from __future__ import annotations
 
+import argparse
 import collections.abc
 import dataclasses
 import importlib
@@ -21,7 +22,7 @@ import pytest
 import targetlm
 from targetlm import builders
 from targetlm import config as config_lib
-from targetlm.cli import main
+from targetlm.cli import build_parser, main
 from targetlm.config import RANGES, Config
 from targetlm.objectives.ngram import NGRAM_ALPHA, NgramAlpha
 from targetlm.registry import ConfigError, Range, Registry, is_numeric, option_range
@@ -331,3 +332,80 @@ def test_train_with_a_value_outside_its_range_writes_nothing(tmp_path, capsys):
     assert rc != 0
     assert err.splitlines() == ["targetlm: error: train.lr: nan is not in (0, inf)"], err
     assert not run_dir.exists()
+
+
+# --- the numeric flags of the commands that read a run ---------------------------------------
+
+RUN_COMMANDS = ("generate", "translate", "eval", "score")
+
+
+def _numeric_flags() -> list[tuple[str, argparse.Action]]:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [
+        (command, action)
+        for command in RUN_COMMANDS
+        for action in commands.choices[command]._actions
+        if action.type is not None and action.type not in (Path, str)
+    ]
+
+
+NUMERIC_FLAGS = _numeric_flags()
+
+
+def test_the_numeric_flags_are_found():
+    flags = {(command, action.option_strings[0]) for command, action in NUMERIC_FLAGS}
+    assert {("generate", "--temperature"), ("translate", "--length-penalty")} <= flags
+    assert {("eval", "--ensemble-lambda"), ("score", "--neural-cache")} <= flags
+
+
+@pytest.mark.parametrize(
+    "command, action", NUMERIC_FLAGS, ids=[f"{c}{a.option_strings[0]}" for c, a in NUMERIC_FLAGS]
+)
+def test_every_numeric_flag_refuses_nan_and_infinities(command, action):
+    assert action.type not in (int, float), f"{command} {action.option_strings[0]}: no range"
+    for text in ("nan", "inf", "-inf", "1e30", str(2**70), "x"):
+        try:
+            value = action.type(text)
+        except argparse.ArgumentTypeError as error:
+            assert "\n" not in str(error)
+            continue
+        values = value if isinstance(value, list) else [value]  # a huge value may be valid
+        assert all(math.isfinite(v) for v in values), (text, value)
+        assert text not in ("nan", "inf", "-inf", "x"), (command, action.option_strings, text)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["generate", "RUN", "--temperature", "nan"],
+            "argument --temperature: nan is not in [0, inf)",
+        ),
+        (["generate", "RUN", "--top-p", "0"], "argument --top-p: 0.0 is not in (0, 1]"),
+        (["generate", "RUN", "--top-k", "-1"], "argument --top-k: -1 is not in [0, "),
+        (
+            ["translate", "RUN", "--input", "S", "--length-penalty", "nan"],
+            "--length-penalty: nan is",
+        ),
+        (["translate", "RUN", "--input", "S", "--ensemble-lambda", "inf"], "inf is not in [0, 1]"),
+        (
+            ["translate", "RUN", "--input", "S", "--steps", "0"],
+            "argument --steps: 0 is not in [1, ",
+        ),
+        (["eval", "RUN", "--ensemble-lambda", "0.5,nan"], "'0.5,nan': nan is not in [0, 1]"),
+        (
+            ["score", "RUN", "--file", "F", "--out", "O", "--unigram-cache", "1"],
+            "1.0 is not in [0, 1)",
+        ),
+        (
+            ["eval", "RUN", "--neural-cache", "0.1", "--neural-theta=-inf"],
+            "-inf is not in (0, inf)",
+        ),
+    ],
+)
+def test_a_flag_outside_its_range_is_refused_before_the_run_is_read(capsys, argv, message):
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("targetlm: error: argument --"), lines
+    assert message in lines[0] and f"(see targetlm {argv[0]} --help)" in lines[0], lines[0]
