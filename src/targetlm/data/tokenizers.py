@@ -92,6 +92,18 @@ class Tokenizer(ABC):
 
 TOKENIZERS: Registry[Tokenizer] = Registry("tokenizer")
 
+WordVocabSize = Annotated[
+    int, Range(len(SPECIALS) + 1, MAX_VOCAB, note="it counts <unk> and <eos>")
+]
+SubwordVocabSize = Annotated[
+    int,
+    Range(
+        len(SPECIALS) + NUM_BYTES + 1,
+        MAX_VOCAB,
+        note="it counts <unk>, <eos> and the 256 byte symbols",
+    ),
+]
+
 
 @TOKENIZERS.register("whitespace")
 class WhitespaceTokenizer(Tokenizer):
@@ -103,7 +115,7 @@ class WhitespaceTokenizer(Tokenizer):
 
     def __init__(
         self,
-        max_size: Annotated[int, Range(len(SPECIALS) + 1, MAX_VOCAB)] | None = None,
+        max_size: WordVocabSize | None = None,
         min_count: Annotated[int, Range(1, MAX_COUNT)] = 1,
     ) -> None:
         if max_size is not None and max_size <= len(SPECIALS):
@@ -252,7 +264,7 @@ class SubwordTokenizer(SymbolTokenizer):
 
     def __init__(
         self,
-        vocab_size: Annotated[int, Range(len(SPECIALS) + NUM_BYTES + 1, MAX_VOCAB)] = 8000,
+        vocab_size: SubwordVocabSize = 8000,
         tokenizer_file: str | None = None,
     ) -> None:
         self._library = _require_library(self.name)

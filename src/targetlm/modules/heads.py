@@ -59,7 +59,7 @@ class NgramHeads(nn.Module):
     def __init__(
         self,
         embedding_dim: int,
-        n: Annotated[int, Range(1, MAX_HEADS)] = 2,
+        n: Annotated[int, Range(1, MAX_HEADS, note="N counts the main head")] = 2,
         hidden_size: Size | None = None,
         activation: Literal["relu", "tanh", "gelu"] = "relu",
     ) -> None:
