@@ -86,7 +86,7 @@ def _number(value: float) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-MAX_SIZE = 2**20  # a width, a number of layers or positions: beyond it no model fits memory
+MAX_SIZE = 2**20  # a width, a number of layers or positions: far beyond a model that fits memory
 MAX_VOCAB = 2**24  # symbols of a vocabulary (the subword trainers abort far above it)
 MAX_COUNT = 2**40  # steps, tokens, sentences: beyond any run
 MAX_SEED = 2**63 - 1  # torch.manual_seed and numpy take 64-bit seeds
