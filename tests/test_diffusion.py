@@ -469,7 +469,7 @@ def test_diffusion_trains_evaluates_and_translates_end_to_end(trained_runs, caps
 @pytest.mark.parametrize(
     ("run", "extra", "message"),
     [
-        ("wdr", ["--steps", "0"], "denoising steps must be >= 1"),
+        ("wdr", ["--steps", "0"], r"argument --steps: 0 is not in \[1, "),
         ("wdr", ["--length-beam", "12"], r"length beam must be in \[1, 9\]"),
         ("none", ["--ensemble-lambda", "0.2"], "needs a model with N-gram heads"),
         ("wdr", ["--set", "task.schedule='cosine'"], "task.schedule: invalid value 'cosine'"),

@@ -179,9 +179,9 @@ def test_an_option_of_another_tokenizer_is_an_error(tokenizer, key, value):
 @pytest.mark.parametrize(
     "tokenizer, key, value, fragment",
     [
-        ("bpe", "vocab_size", 258, "vocab_size must be > 258"),
-        ("whitespace", "max_size", 2, "max_size must be > 2"),
-        ("whitespace", "min_count", 0, "min_count must be >= 1"),
+        ("bpe", "vocab_size", 258, r"data.vocab_size: 258 is not in \[259, .*the 256 byte"),
+        ("whitespace", "max_size", 2, r"data.max_size: 2 is not in \[3, .*<unk> and <eos>"),
+        ("whitespace", "min_count", 0, r"data.min_count: 0 is not in \[1, "),
     ],
 )
 def test_option_values_are_checked(tokenizer, key, value, fragment):

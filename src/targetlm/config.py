@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from targetlm.registry import ConfigError, check_type
+from targetlm.registry import (
+    MAX_COUNT,
+    MAX_SEED,
+    MAX_SIZE,
+    MAX_VOCAB,
+    ConfigError,
+    Range,
+    check_type,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -262,63 +270,87 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+MAX_THREADS = 1024  # torch threads: more than any machine's cores (each thread costs memory)
+MAX_BEAM = 1024
+
+# the valid values of every numeric option of the dataclass configs (a tuple's items each);
+# NaN and ±inf are in none of them. Component options declare theirs in their constructors.
+RANGES: dict[str, Range] = {
+    "data.synthetic.seed": Range(0, MAX_SEED),
+    "data.synthetic.train_sentences": Range(1, MAX_SIZE),
+    "data.synthetic.valid_sentences": Range(1, MAX_SIZE),
+    "data.synthetic.test_sentences": Range(1, MAX_SIZE),
+    "data.synthetic.nouns": Range(1, MAX_SIZE),
+    "data.synthetic.verbs": Range(1, MAX_SIZE),
+    "data.synthetic.adjectives": Range(1, MAX_SIZE),
+    "data.max_size": Range(1, MAX_VOCAB),
+    "data.min_count": Range(1, MAX_COUNT),
+    "data.vocab_size": Range(1, MAX_VOCAB),
+    "data.train_tokens": Range(0, MAX_COUNT, note="0: the whole split"),
+    "data.batch_size": Range(1, MAX_SIZE),
+    "data.bptt": Range(1, MAX_SIZE),
+    "data.max_tokens": Range(0, MAX_VOCAB, note="0: data.batch_size sentence pairs"),
+    "train.lr": Range(0, low_open=True),
+    "train.momentum": Range(0, 1, high_open=True),
+    "train.betas": Range(0, 1, high_open=True),
+    "train.weight_decay": Range(0),
+    "train.decay_factor": Range(0, 1, low_open=True),
+    "train.decay_start": Range(0, MAX_COUNT),
+    "train.decay_epoch_steps": Range(0, MAX_COUNT, note="0: passes over the data"),
+    "train.patience": Range(0, MAX_COUNT),
+    "train.warmup_steps": Range(0, MAX_COUNT),
+    "train.clip": Range(0, note="0: no clipping"),
+    "train.heads_only_steps": Range(0, MAX_COUNT),
+    "train.heads_lr": Range(0, note="0: train.lr"),
+    "train.accumulate": Range(1, MAX_SIZE),
+    "train.loss_chunk_tokens": Range(1, MAX_VOCAB),
+    "train.loss_chunk_vocab": Range(1, MAX_VOCAB),
+    "train.epochs": Range(1, MAX_SIZE),
+    "train.max_steps": Range(0, MAX_COUNT, note="0: no limit besides epochs"),
+    "train.early_stopping": Range(0, MAX_COUNT, note="0: off"),
+    "train.seed": Range(0, MAX_SEED),
+    "train.log_every": Range(1, MAX_COUNT),
+    "train.eval_every": Range(0, MAX_COUNT, note="0: once per epoch"),
+    "train.gradient_diversity_every": Range(0, MAX_COUNT, note="0: off"),
+    "train.checkpoint_every": Range(0, MAX_COUNT, note="0: at each validation"),
+    "train.threads": Range(0, MAX_THREADS, note="0: torch's default"),
+    "eval.batch_size": Range(1, MAX_SIZE),
+    "eval.segment": Range(0, MAX_SIZE, note="0: data.bptt"),
+    "eval.beam": Range(1, MAX_BEAM, note="1: greedy decoding"),
+}
+
+
+def option_value(config: Config, key: str) -> Any:
+    """The value of a dotted key of the dataclass configs (``"train.lr"``)."""
+    value: Any = config
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def validate(config: Config) -> None:
     """Check the values of ``config`` (plain data: no component is built here).
 
-    The checks that need a component built (its options, the tokenizer, the task, a
+    Every numeric value against its :data:`RANGES` entry, then the values that depend on each
+    other. The checks that need a component built (its options, the tokenizer, the task, a
     Transformer's context) are :func:`targetlm.builders.validate`, which calls this first.
     """
-    positive = {
-        "data.batch_size": config.data.batch_size,
-        "data.bptt": config.data.bptt,
-        "eval.batch_size": config.eval.batch_size,
-        "train.epochs": config.train.epochs,
-        "train.log_every": config.train.log_every,
-        "train.loss_chunk_tokens": config.train.loss_chunk_tokens,
-        "train.loss_chunk_vocab": config.train.loss_chunk_vocab,
-        "train.accumulate": config.train.accumulate,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key}: invalid value {value}; must be >= 1")
-    if config.train.lr <= 0:
-        raise ConfigError(f"train.lr: invalid value {config.train.lr}; must be > 0")
-    if not 0 < config.train.decay_factor <= 1:
-        raise ConfigError("train.decay_factor: must be in (0, 1]")
-    if config.train.heads_lr < 0:
-        raise ConfigError("train.heads_lr: must be >= 0 (0: train.lr)")
+    betas = config.train.betas
+    if len(betas) != 2:
+        raise ConfigError(
+            f"train.betas: {list(betas)} is not two values (β1, β2), each in "
+            f"{RANGES['train.betas']}"
+        )
+    for key, valid in RANGES.items():
+        value = option_value(config, key)
+        if isinstance(value, tuple):
+            for i, item in enumerate(value):
+                valid.check(f"{key}[{i}]", item)
+        elif value is not None:
+            valid.check(key, value)
     if config.train.schedule == "inverse_sqrt" and config.train.warmup_steps < 1:
         raise ConfigError("train.warmup_steps: the inverse_sqrt schedule needs warmup_steps >= 1")
-    for key in (
-        "max_steps",
-        "early_stopping",
-        "eval_every",
-        "checkpoint_every",
-        "threads",
-        "gradient_diversity_every",
-        "heads_only_steps",
-        "warmup_steps",
-        "decay_epoch_steps",
-    ):
-        if getattr(config.train, key) < 0:
-            raise ConfigError(f"train.{key}: must be >= 0")
-    _validate_data(config.data)
-    if config.eval.beam < 1:
-        raise ConfigError("eval.beam: must be >= 1 (1: greedy decoding)")
-    if config.eval.segment < 0:
-        raise ConfigError("eval.segment: must be >= 0 (0: data.bptt)")
-    for key in ("train_sentences", "valid_sentences", "test_sentences"):
-        if getattr(config.data.synthetic, key) < 1:
-            raise ConfigError(f"data.synthetic.{key}: must be >= 1")
-
-
-def _validate_data(data: DataConfig) -> None:
-    """The data values; the tokenizer is checked by :func:`targetlm.builders.validate`."""
-    if data.max_tokens < 0:
-        raise ConfigError("data.max_tokens: must be >= 0 (0: data.batch_size sentence pairs)")
-    if data.train_tokens < 0:
-        raise ConfigError("data.train_tokens: must be >= 0 (0: the whole split)")
-    if data.name == "text" and not data.dir:
+    if config.data.name == "text" and not config.data.dir:
         raise ConfigError(
             "data.dir: data.name = 'text' reads your own files; set data.dir to their directory"
         )

@@ -41,6 +41,7 @@ from targetlm.cli import (
     translate,
 )
 from targetlm.cli import eval as eval_command
+from targetlm.cli.common import ArgumentParser
 from targetlm.data import DataError
 from targetlm.registry import ConfigError
 from targetlm.training.trainer import RunDirError, TrainingDiverged
@@ -63,7 +64,7 @@ COMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``targetlm`` parser: one subcommand per module of this package."""
-    parser = argparse.ArgumentParser(prog="targetlm", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="targetlm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -73,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``targetlm`` on ``argv`` (default ``sys.argv[1:]``); returns the exit status
     (2: an expected error, printed as one line on stderr; 3: training diverged)."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except EXPECTED_ERRORS as error:
         print(f"targetlm: error: {error}", file=sys.stderr)

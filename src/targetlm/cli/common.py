@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from targetlm import config as config_lib
 from targetlm.data import (
     Vocabulary,
     read_lines,
 )
+from targetlm.inference.combiners import COMBINERS
 from targetlm.inference.scoring import Combiners, TokenScores
 from targetlm.modules.interfaces import OpenVocabularyOutput
-from targetlm.registry import ConfigError
+from targetlm.registry import MAX_SEED, MAX_SIZE, ConfigError, Range, Registry, option_range
+
+FINITE = Range()  # any number but NaN and ±inf
 
 if TYPE_CHECKING:
     from targetlm.modules.model import LanguageModel
@@ -146,13 +149,69 @@ def run_tokens(config: config_lib.Config, vocab: Vocabulary, split: str) -> Sequ
     return vocab.tokenizer.tokenize(read_lines(config.data, split))
 
 
-def floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one :class:`ConfigError` line like every other
+    expected error ("argument --top-p: 1.5 is not in (0, 1] (see targetlm generate --help)"),
+    not the usage followed by the error. Subcommands' parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see {self.prog} --help)")
+
+
+def number_in(valid: Range = FINITE, integer: bool = False) -> Callable[[str], float]:
+    """An argparse ``type=``: the flag's value is a number (an integer) in ``valid``; anything
+    else (NaN, ±inf, out of range) is argparse's one error line naming the flag and the range.
+    """
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            kind = "an integer" if integer else "a number"
+            raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
+        if value not in valid:
+            raise argparse.ArgumentTypeError(f"{value!r} is not in {valid}")
+        return value
+
+    parse.__name__ = "integer" if integer else "number"
+    return parse
+
+
+def numbers_in(valid: Range = FINITE) -> Callable[[str], list[float]]:
+    """An argparse ``type=``: comma-separated numbers, each in ``valid``."""
+    one = number_in(valid)
+
+    def parse(text: str) -> list[float]:
+        try:
+            return [one(x) for x in text.split(",") if x.strip()]
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+
+    parse.__name__ = "numbers"
+    return parse
+
+
+floats = numbers_in()  # any finite numbers
+SIZE = number_in(Range(1, MAX_SIZE), integer=True)  # a count of tokens, steps, ...: at least 1
+SEED = number_in(Range(0, MAX_SEED), integer=True)
+
+
+def declared_range(registry: Registry, kind: str, option: str) -> Range:
+    """The range the registered ``kind`` declares for its ``option``: a flag that sets that
+    option takes the same values."""
+    found = option_range(registry.hints(kind)[option])
+    if found is None:
+        raise LookupError(f"{registry.kind} {kind!r}: the option {option!r} declares no range")
+    return found
+
+
+def combiner_range(kind: str, option: str) -> Range:
+    """The range of a combiner's option (:data:`targetlm.inference.combiners.COMBINERS`)."""
+    return declared_range(COMBINERS, kind, option)
+
+
+# --ensemble-lambda L,L,...: the head ensemble's λ values
+ENSEMBLE_LAMBDAS = numbers_in(combiner_range("head_ensemble", "lambdas"))
 
 
 def add_scoring_options(p: argparse.ArgumentParser) -> None:
@@ -167,32 +226,38 @@ def add_scoring_options(p: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--uniform-weight",
-        type=float,
+        type=number_in(combiner_range("uniform", "weight")),
         metavar="MU",
         help="μ of the uniform mixture of a closed output layer "
         "(default: 0.01 when the text has new words)",
     )
     group.add_argument(
         "--new-word-weight",
-        type=float,
+        type=number_in(combiner_range("new_word_weight", "weight")),
         metavar="OMEGA",
         help="ω in (0, 1] of the new-word down-weighting (default 1: off)",
     )
     group.add_argument(
-        "--unigram-cache", type=float, metavar="LAMBDA", help="λ of the unigram cache"
+        "--unigram-cache",
+        type=number_in(combiner_range("unigram_cache", "weight")),
+        metavar="LAMBDA",
+        help="λ of the unigram cache",
     )
     group.add_argument(
-        "--neural-cache", type=float, metavar="LAMBDA", help="λ of the neural cache (Grave et al.)"
+        "--neural-cache",
+        type=number_in(combiner_range("neural_cache", "weight")),
+        metavar="LAMBDA",
+        help="λ of the neural cache (Grave et al.)",
     )
     group.add_argument(
         "--neural-theta",
-        type=float,
+        type=number_in(combiner_range("neural_cache", "theta")),
         metavar="THETA",
         help=f"θ of the neural cache (default {Combiners.neural_theta})",
     )
     group.add_argument(
         "--neural-window",
-        type=int,
+        type=number_in(combiner_range("neural_cache", "window"), integer=True),
         metavar="N",
         help=f"positions the neural cache remembers (default {Combiners.neural_window})",
     )

@@ -17,7 +17,9 @@ import json
 import sys
 from pathlib import Path
 
+from targetlm.cli.common import SEED, SIZE, number_in
 from targetlm.data import DataError
+from targetlm.registry import MAX_VOCAB, Range
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
@@ -86,11 +88,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--prompt", action="append", help="a prompt (repeatable: one batch)")
     p.add_argument("--prompt-file", type=Path, help="a UTF-8 file of prompts, one per line")
-    p.add_argument("--max-tokens", type=int, default=30, help="tokens per prompt at most")
-    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k most likely (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
-    p.add_argument("--seed", type=int, help="the same seed gives the same text")
+    p.add_argument("--max-tokens", type=SIZE, default=30, help="tokens per prompt at most")
+    p.add_argument("--temperature", type=number_in(Range(0)), default=1.0, help="0: greedy")
+    p.add_argument(
+        "--top-k",
+        type=number_in(Range(0, MAX_VOCAB), integer=True),
+        default=0,
+        help="sample among the k most likely (0: all)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=number_in(Range(0, 1, low_open=True)),
+        default=1.0,
+        help="nucleus sampling mass, in (0, 1]",
+    )
+    p.add_argument("--seed", type=SEED, help="the same seed gives the same text")
     p.add_argument(
         "--stop",
         action="append",

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 from targetlm.cli.common import (
+    ENSEMBLE_LAMBDAS,
     add_scoring_options,
     check_combiners,
     combiners_from_args,
     eval_overrides,
-    floats,
     score_streams,
 )
 from targetlm.data import (
@@ -74,7 +74,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
         "--ensemble-lambda",
-        type=floats,
+        type=ENSEMBLE_LAMBDAS,
         default=[],
         metavar="L,L,...",
         help="also each λ's log-probability (record key 'ensemble'), in the same pass",

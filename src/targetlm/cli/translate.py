@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from targetlm.cli.common import SIZE, combiner_range, declared_range, number_in
+from targetlm.config import RANGES
 from targetlm.data.parallel import (
     check_aligned,
     check_nonempty,
@@ -22,7 +24,8 @@ from targetlm.data.parallel import (
 )
 from targetlm.data.vocab import DataError
 from targetlm.files import atomic_write
-from targetlm.registry import ConfigError
+from targetlm.registry import MAX_SIZE, ConfigError, Range
+from targetlm.tasks import TASKS
 
 
 def read_sources(path: Path, lowercase: bool) -> list[str]:
@@ -172,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def decoding(option: str) -> Callable[[str], float]:
+    """The argparse ``type=`` of a flag that overrides the diffusion task's ``option``."""
+    return number_in(declared_range(TASKS, "diffusion", option), integer=True)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``targetlm translate`` to the subcommands ``sub``."""
     p = sub.add_parser("translate", help="translate a file with a translation run (BLEU, chrF)")
@@ -179,22 +187,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", type=Path, required=True, help="source sentences, one per line")
     p.add_argument("--reference", type=Path, help="reference translations: print BLEU and chrF")
     p.add_argument("--output", type=Path, help="write the translations here (default: stdout)")
-    p.add_argument("--beam", type=int, help="beam size (1: greedy; default 5)")
+    p.add_argument(
+        "--beam",
+        type=number_in(RANGES["eval.beam"], integer=True),
+        help="beam size (1: greedy; default 5)",
+    )
     p.add_argument(
         "--ensemble-lambda",
-        type=float,
+        type=number_in(combiner_range("head_ensemble", "lambdas")),
         default=0.0,
         metavar="L",
         help="λ of the N-gram head ensemble inside beam search (default 0: off)",
     )
-    p.add_argument("--length-penalty", type=float, help="α of score / length^α (default 1)")
-    p.add_argument("--max-len-a", type=float, help="max output length a·|src| + b (default a 1.5)")
-    p.add_argument("--max-len-b", type=int, help="(default b 10)")
+    p.add_argument(
+        "--length-penalty", type=number_in(Range(0)), help="α of score / length^α (default 1)"
+    )
+    p.add_argument(
+        "--max-len-a",
+        type=number_in(Range(0, MAX_SIZE)),
+        help="max output length a·|src| + b (default a 1.5)",
+    )
+    p.add_argument("--max-len-b", type=SIZE, help="(default b 10)")
     diffusion = p.add_argument_group("diffusion runs (default: the run's [task] decode_* settings)")
-    diffusion.add_argument("--steps", type=int, metavar="K", help="denoising steps")
-    diffusion.add_argument("--length-beam", type=int, metavar="B", help="lengths per sentence")
-    diffusion.add_argument("--samples", type=int, metavar="S", help="noise samples per length")
-    diffusion.add_argument("--seed", type=int, help="the noise generator's seed")
+    diffusion.add_argument(
+        "--steps", type=decoding("decode_steps"), metavar="K", help="denoising steps"
+    )
+    diffusion.add_argument(
+        "--length-beam", type=decoding("length_beam"), metavar="B", help="lengths per sentence"
+    )
+    diffusion.add_argument(
+        "--samples", type=decoding("samples"), metavar="S", help="noise samples per length"
+    )
+    diffusion.add_argument(
+        "--seed", type=decoding("decode_seed"), help="the noise generator's seed"
+    )
     diffusion.add_argument(
         "--sampler", choices=["renoise", "posterior"], help="DINOISER's or Difformer's step"
     )

@@ -32,7 +32,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ from targetlm.data.vocab import (
     Vocabulary,
     tokens_from_lines,
 )
-from targetlm.registry import ConfigError, Registry
+from targetlm.registry import MAX_COUNT, MAX_VOCAB, ConfigError, Range, Registry
 
 if TYPE_CHECKING:
     from targetlm.config import DataConfig
@@ -92,6 +92,18 @@ class Tokenizer(ABC):
 
 TOKENIZERS: Registry[Tokenizer] = Registry("tokenizer")
 
+WordVocabSize = Annotated[
+    int, Range(len(SPECIALS) + 1, MAX_VOCAB, note="it counts <unk> and <eos>")
+]
+SubwordVocabSize = Annotated[
+    int,
+    Range(
+        len(SPECIALS) + NUM_BYTES + 1,
+        MAX_VOCAB,
+        note="it counts <unk>, <eos> and the 256 byte symbols",
+    ),
+]
+
 
 @TOKENIZERS.register("whitespace")
 class WhitespaceTokenizer(Tokenizer):
@@ -101,7 +113,11 @@ class WhitespaceTokenizer(Tokenizer):
 
     name = "whitespace"
 
-    def __init__(self, max_size: int | None = None, min_count: int = 1) -> None:
+    def __init__(
+        self,
+        max_size: WordVocabSize | None = None,
+        min_count: Annotated[int, Range(1, MAX_COUNT)] = 1,
+    ) -> None:
         if max_size is not None and max_size <= len(SPECIALS):
             raise ValueError(
                 f"max_size must be > {len(SPECIALS)} (it counts <unk> and <eos>), got {max_size}"
@@ -246,7 +262,11 @@ class SubwordTokenizer(SymbolTokenizer):
     model_type: ClassVar[str]  # the Hugging Face model class: "BPE" | "Unigram"
     eos_id: int = EOS_ID  # the symbol that ends a line
 
-    def __init__(self, vocab_size: int = 8000, tokenizer_file: str | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: SubwordVocabSize = 8000,
+        tokenizer_file: str | None = None,
+    ) -> None:
         self._library = _require_library(self.name)
         minimum = len(SPECIALS) + NUM_BYTES
         if vocab_size <= minimum:

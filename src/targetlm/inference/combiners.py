@@ -33,7 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +44,7 @@ from targetlm.data.batching import IGNORE
 from targetlm.inference.caches import NeuralCache, UnigramCache, interpolate
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.registry import ConfigError, Registry
+from targetlm.registry import ConfigError, Fraction, Positive, Probability, Range, Registry, Size
 
 
 class CombinerError(ConfigError):
@@ -282,7 +282,7 @@ class HeadEnsemble(VectorCombiner):
         unknown: the ``<unk>`` id, for the WDR conjugate of a new word in a closed vocabulary.
     """
 
-    def __init__(self, lambdas: Sequence[float], unknown: int = 0) -> None:
+    def __init__(self, lambdas: Sequence[Probability], unknown: int = 0) -> None:
         for lam in lambdas:
             if not 0 <= lam <= 1:
                 raise ValueError(f"ensemble λ must be in [0, 1], got {lam}")
@@ -321,7 +321,7 @@ class UniformMixture(ProbabilityCombiner):
 
     order = 1
 
-    def __init__(self, weight: float) -> None:
+    def __init__(self, weight: Fraction) -> None:
         if not 0 <= weight < 1:
             raise ValueError(f"uniform_weight must be in [0, 1), got {weight}")
         self.weight = weight
@@ -356,7 +356,9 @@ class NewWordWeight(ProbabilityCombiner):
 
     order = 2
 
-    def __init__(self, weight: float, uniform_weight: float = 0.0) -> None:
+    def __init__(
+        self, weight: Annotated[float, Range(0, 1, low_open=True)], uniform_weight: float = 0.0
+    ) -> None:
         if not 0 < weight <= 1:
             raise ValueError(f"new_word_weight must be in (0, 1], got {weight}")
         self.weight = weight
@@ -384,7 +386,7 @@ class NewWordWeight(ProbabilityCombiner):
 class _Cache(ProbabilityCombiner):
     """``(1 − λ)·p + λ·p_cache`` where the cache has entries; the cache reads each segment once."""
 
-    def __init__(self, weight: float) -> None:
+    def __init__(self, weight: Fraction) -> None:
         if not 0 <= weight < 1:
             raise ValueError(f"a cache weight must be in [0, 1), got {weight}")
         self.weight = weight
@@ -416,7 +418,7 @@ class NeuralCacheCombiner(_Cache):
 
     order = 4
 
-    def __init__(self, weight: float, theta: float = 0.5, window: int = 10_000) -> None:
+    def __init__(self, weight: Fraction, theta: Positive = 0.5, window: Size = 10_000) -> None:
         super().__init__(weight)
         if window < 1:
             raise ValueError(f"the neural cache window must be >= 1, got {window}")

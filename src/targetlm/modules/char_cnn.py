@@ -18,8 +18,9 @@ from torch import nn
 
 from targetlm.lexicon.characters import NUM_CHARACTERS, PAD, encode_characters
 from targetlm.lexicon.lexicon import Lexicon
+from targetlm.registry import Size
 
-Widths = tuple[int, ...]
+Widths = tuple[Size, ...]  # the convolutions' widths in characters
 
 
 class StringIndex(NamedTuple):

@@ -40,6 +40,7 @@ from targetlm.modules.encoders import (
     sinusoidal_positions,
 )
 from targetlm.modules.seq2seq import Attention, EncoderLayer, _Block, check_stack_options
+from targetlm.registry import Count, Fraction, Size
 
 # --- forward processes ------------------------------------------------------------------------
 
@@ -252,21 +253,21 @@ class DiffusionDenoiser(Encoder):
     def __init__(
         self,
         input_size: int,
-        target_size: int | None = None,
-        model_size: int | None = None,
-        encoder_layers: int = 6,
-        decoder_layers: int = 6,
-        num_heads: int = 8,
-        ff_size: int = 2048,
-        dropout: float = 0.1,
-        attention_dropout: float = 0.0,
-        max_context: int = 256,
+        target_size: Size | None = None,
+        model_size: Size | None = None,
+        encoder_layers: Size = 6,
+        decoder_layers: Size = 6,
+        num_heads: Size = 8,
+        ff_size: Size = 2048,
+        dropout: Fraction = 0.1,
+        attention_dropout: Fraction = 0.0,
+        max_context: Size = 256,
         positions: Literal["learned", "sinusoidal"] = "learned",
         norm: Literal["pre", "post"] = "post",
         activation: Literal["gelu", "relu"] = "gelu",
         scale_embedding: bool = True,
         self_condition: bool = True,
-        max_length_difference: int = 32,
+        max_length_difference: Count = 32,
     ) -> None:
         super().__init__()
         d = model_size or input_size

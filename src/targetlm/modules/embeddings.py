@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm.registry import Registry
+from targetlm.registry import Fraction, Positive, Registry, Size
 
 # builders supply the vocabulary size, its word strings and (for GroC) its lexicon
 INPUT_EMBEDDINGS: Registry[nn.Module] = Registry(
@@ -33,11 +33,11 @@ class LookupEmbedding(nn.Module):
     def __init__(
         self,
         vocab_size: int,
-        size: int = 200,
-        dropout: float = 0.0,
-        init_range: float | None = None,
+        size: Size = 200,
+        dropout: Fraction = 0.0,
+        init_range: Positive | None = None,
         unit_norm: bool = False,
-        init_std: float = 1.0,
+        init_std: Positive = 1.0,
     ) -> None:
         super().__init__()
         if not 0 <= dropout < 1:

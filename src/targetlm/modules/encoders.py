@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from targetlm.registry import Registry
+from targetlm.registry import Fraction, Positive, Registry, Size
 
 ENCODERS: Registry[nn.Module] = Registry("encoder", context=("input_size",))
 
@@ -100,16 +100,16 @@ class LstmEncoder(Encoder):
     def __init__(
         self,
         input_size: int,
-        hidden_size: int = 200,
-        num_layers: int = 2,
-        output_size: int | None = None,
-        dropout_input: float = 0.0,
-        dropout_hidden: float = 0.0,
-        dropout_output: float = 0.0,
+        hidden_size: Size = 200,
+        num_layers: Size = 2,
+        output_size: Size | None = None,
+        dropout_input: Fraction = 0.0,
+        dropout_hidden: Fraction = 0.0,
+        dropout_output: Fraction = 0.0,
         variational: bool = True,
-        weight_drop: float = 0.0,
-        init_range: float | None = None,
-        dropout_recurrent: float = 0.0,
+        weight_drop: Fraction = 0.0,
+        init_range: Positive | None = None,
+        dropout_recurrent: Fraction = 0.0,
         tie_recurrent_mask: bool = False,
     ) -> None:
         super().__init__()
@@ -262,12 +262,12 @@ class CausalTransformer(Encoder):
     def __init__(
         self,
         input_size: int,
-        model_size: int | None = None,
-        num_layers: int = 6,
-        num_heads: int = 4,
-        ff_size: int = 1024,
-        dropout: float = 0.1,
-        max_context: int = 512,
+        model_size: Size | None = None,
+        num_layers: Size = 6,
+        num_heads: Size = 4,
+        ff_size: Size = 1024,
+        dropout: Fraction = 0.1,
+        max_context: Size = 512,
         positions: Literal["learned", "sinusoidal"] = "learned",
         norm: Literal["pre", "post"] = "pre",
         activation: Literal["gelu", "relu"] = "gelu",

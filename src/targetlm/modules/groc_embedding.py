@@ -14,6 +14,7 @@ from targetlm.lexicon.lexicon import Lexicon
 from targetlm.modules.char_cnn import StringIndex, Widths, index_strings
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS
 from targetlm.modules.grounded import GroundedEncoder, prepare_lexicon
+from targetlm.registry import Count, Probability, Seed, Size
 
 
 @INPUT_EMBEDDINGS.register("groc")
@@ -33,18 +34,18 @@ class GrocEmbedding(nn.Module):
         self,
         words: Sequence[str],
         lexicon: Lexicon | None = None,
-        size: int = 200,
+        size: Size = 200,
         relations: bool = True,
         definitions: bool = True,
-        char_size: int = 16,
+        char_size: Size = 16,
         widths: Widths = (1, 2, 3, 4, 5, 6),
-        channels_per_width: int = 32,
-        highway_layers: int = 1,
-        max_word_length: int = 20,
-        max_relations: int = 3,
-        max_definition: int = 10,
-        lexicon_drop: float = 0.0,
-        lexicon_seed: int = 0,
+        channels_per_width: Size = 32,
+        highway_layers: Count = 1,
+        max_word_length: Size = 20,
+        max_relations: Count = 3,
+        max_definition: Count = 10,
+        lexicon_drop: Probability = 0.0,
+        lexicon_seed: Seed = 0,
     ) -> None:
         super().__init__()
         lexicon = prepare_lexicon(

@@ -28,6 +28,7 @@ from targetlm.modules.outputs import (
     ResidualNetwork,
     variational_dropout,
 )
+from targetlm.registry import Count, Fraction, Probability, Seed, Size
 
 BIAS_ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid}
 
@@ -191,21 +192,21 @@ class GrocOutput(CompositionalOutput):
         embedding: nn.Module | None = None,
         relations: bool = True,
         definitions: bool = True,
-        depth: int = 2,
+        depth: Count = 2,
         activation: Literal["relu", "selu", "tanh"] = "relu",
-        dropout: float = 0.0,
+        dropout: Fraction = 0.0,
         bias: bool = True,
         bias_activation: Literal["tanh", "sigmoid"] = "tanh",
-        update_prob: float = 1.0,
-        char_size: int = 16,
+        update_prob: Probability = 1.0,
+        char_size: Size = 16,
         widths: Widths = (1, 2, 3, 4, 5, 6),
-        channels_per_width: int = 32,
-        highway_layers: int = 1,
-        max_word_length: int = 20,
-        max_relations: int = 3,
-        max_definition: int = 10,
-        lexicon_drop: float = 0.0,
-        lexicon_seed: int = 0,
+        channels_per_width: Size = 32,
+        highway_layers: Count = 1,
+        max_word_length: Size = 20,
+        max_relations: Count = 3,
+        max_definition: Count = 10,
+        lexicon_drop: Probability = 0.0,
+        lexicon_seed: Seed = 0,
         share_encoder: bool | Literal["auto"] = "auto",
     ) -> None:
         lexicon = prepare_lexicon(
@@ -261,13 +262,13 @@ class CharCnnOutput(CompositionalOutput):
         hidden_size: int,
         bias: bool = True,
         bias_activation: Literal["tanh", "sigmoid"] = "tanh",
-        update_prob: float = 1.0,
-        char_size: int = 16,
+        update_prob: Probability = 1.0,
+        char_size: Size = 16,
         widths: Widths = (1, 2, 3, 4, 5, 6),
-        channels_per_width: int = 32,
-        highway_layers: int = 1,
-        max_word_length: int = 20,
-        correction: int = 0,
+        channels_per_width: Size = 32,
+        highway_layers: Count = 1,
+        max_word_length: Size = 20,
+        correction: Count = 0,
     ) -> None:
         super().__init__(
             words,

@@ -22,18 +22,21 @@ y_{t−n}..y_{t−1}, which are inputs t−n+1..t: words already read (no future
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
 from torch import nn
 
 from targetlm import functional
-from targetlm.registry import ConfigError, Registry
+from targetlm.registry import ConfigError, Range, Registry, Size
 
 if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
 
 HEADS: Registry[nn.Module] = Registry("heads", context=("embedding_dim",))
+
+# N: the WDR conjugate sums binomial(N, i)-weighted words, which overflow int64 from N = 67
+MAX_HEADS = 64
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
@@ -56,8 +59,8 @@ class NgramHeads(nn.Module):
     def __init__(
         self,
         embedding_dim: int,
-        n: int = 2,
-        hidden_size: int | None = None,
+        n: Annotated[int, Range(1, MAX_HEADS, note="N counts the main head")] = 2,
+        hidden_size: Size | None = None,
         activation: Literal["relu", "tanh", "gelu"] = "relu",
     ) -> None:
         super().__init__()

@@ -33,7 +33,7 @@ from torch import nn
 from targetlm.modules.encoders import Encoder
 from targetlm.modules.outputs import OutputLayer
 from targetlm.pretrained import require_transformers, resolve
-from targetlm.registry import ConfigError, Registry
+from targetlm.registry import ConfigError, Registry, Size
 
 BACKBONES: Registry[Any] = Registry("backbone", context=("vocab_size",))
 
@@ -157,7 +157,7 @@ class HfBackbone:
         vocab_size: int,
         path: str | None = None,
         config: dict[str, Any] | None = None,
-        max_context: int | None = None,
+        max_context: Size | None = None,
     ) -> None:
         if (path is None) == (config is None):
             raise ValueError("set exactly one of path (a pretrained model) and config")

@@ -9,14 +9,14 @@ in :mod:`targetlm.modules.groc_output`) also embed any list of strings with
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from targetlm.modules.interfaces import EmbeddingTable
-from targetlm.registry import Registry
+from targetlm.registry import MAX_VOCAB, Count, Fraction, Positive, Range, Registry
 
 # builders supply: the vocabulary size and its word strings, the encoder's output size,
 # the built input embedding, and (for GroC) the lexicon of the vocabulary
@@ -44,7 +44,11 @@ class LookupOutput(OutputLayer):
     """
 
     def __init__(
-        self, vocab_size: int, hidden_size: int, bias: bool = True, init_range: float | None = None
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        bias: bool = True,
+        init_range: Positive | None = None,
     ) -> None:
         super().__init__()
         self.embedding_dim = hidden_size
@@ -129,9 +133,9 @@ class ResidualNetwork(nn.Module):
     def __init__(
         self,
         size: int,
-        depth: int = 2,
+        depth: Count = 2,
         activation: Literal["relu", "selu", "tanh"] = "relu",
-        dropout: float = 0.0,
+        dropout: Fraction = 0.0,
     ) -> None:
         super().__init__()
         if depth < 0:
@@ -166,9 +170,9 @@ class DeepResidualOutput(OutputLayer):
         self,
         vocab_size: int,
         embedding: nn.Module,
-        depth: int = 2,
+        depth: Count = 2,
         activation: Literal["relu", "selu", "tanh"] = "relu",
-        dropout: float = 0.0,
+        dropout: Fraction = 0.0,
         bias: bool = True,
     ) -> None:
         super().__init__()
@@ -201,10 +205,10 @@ class AdaptiveOutput(OutputLayer):
         self,
         vocab_size: int,
         hidden_size: int,
-        cutoffs: tuple[int, ...] = (2000, 10000),
-        factor: float = 4.0,
+        cutoffs: tuple[Annotated[int, Range(1, MAX_VOCAB)], ...] = (2000, 10000),
+        factor: Annotated[float, Range(1)] = 4.0,
         bias: bool = True,
-        dropout: float = 0.0,
+        dropout: Fraction = 0.0,
     ) -> None:
         super().__init__()
         if not 0 <= dropout < 1:

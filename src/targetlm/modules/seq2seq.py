@@ -32,6 +32,7 @@ from targetlm.modules.encoders import (
     Encoder,
     sinusoidal_positions,
 )
+from targetlm.registry import Fraction, Size
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]  # (B, heads, L, d/heads) each
 
@@ -259,14 +260,14 @@ class TransformerSeq2Seq(Encoder):
     def __init__(
         self,
         input_size: int,
-        model_size: int | None = None,
-        encoder_layers: int = 6,
-        decoder_layers: int = 6,
-        num_heads: int = 4,
-        ff_size: int = 1024,
-        dropout: float = 0.3,
-        attention_dropout: float = 0.0,
-        max_context: int = 256,
+        model_size: Size | None = None,
+        encoder_layers: Size = 6,
+        decoder_layers: Size = 6,
+        num_heads: Size = 4,
+        ff_size: Size = 1024,
+        dropout: Fraction = 0.3,
+        attention_dropout: Fraction = 0.0,
+        max_context: Size = 256,
         positions: Literal["learned", "sinusoidal"] = "sinusoidal",
         norm: Literal["pre", "post"] = "post",
         activation: Literal["gelu", "relu"] = "relu",

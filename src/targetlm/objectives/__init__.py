@@ -12,6 +12,7 @@ from torch import nn
 from targetlm import functional
 from targetlm.chunked import LogitTerms
 from targetlm.objectives.base import OBJECTIVES, LossOutput
+from targetlm.registry import Fraction, NonNegative
 
 
 @OBJECTIVES.register("cross_entropy")
@@ -21,7 +22,7 @@ class CrossEntropyObjective(nn.Module):
 
     chunkable = True  # the N-gram loss may run it through targetlm.chunked (logit_terms)
 
-    def __init__(self, label_smoothing: float = 0.0, z_loss: float = 0.0) -> None:
+    def __init__(self, label_smoothing: Fraction = 0.0, z_loss: NonNegative = 0.0) -> None:
         super().__init__()
         if not 0 <= label_smoothing < 1:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")

@@ -11,6 +11,7 @@ from targetlm import functional
 from targetlm.chunked import LogitTerms
 from targetlm.data.batching import IGNORE
 from targetlm.objectives.base import OBJECTIVES, LossOutput
+from targetlm.registry import Fraction, NonNegative, Positive, Probability
 
 
 @OBJECTIVES.register("augmented")
@@ -39,12 +40,12 @@ class AugmentedLossObjective(nn.Module):
 
     def __init__(
         self,
-        tau: float = 20.0,
-        gamma: float = 0.5,
-        alpha: float | None = None,
-        beta: float | None = None,
-        label_smoothing: float = 0.0,
-        z_loss: float = 0.0,
+        tau: Positive = 20.0,
+        gamma: NonNegative = 0.5,
+        alpha: NonNegative | None = None,
+        beta: Probability | None = None,
+        label_smoothing: Fraction = 0.0,
+        z_loss: NonNegative = 0.0,
         detach_target: bool = True,
         target_source: Literal["input", "output"] = "input",
         embedding: nn.Module | None = None,

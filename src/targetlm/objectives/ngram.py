@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -22,17 +21,22 @@ from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.objectives.base import OBJECTIVES, LossOutput
-from targetlm.registry import ConfigError
+from targetlm.registry import ConfigError, Fraction, NonNegative, Positive, check_type
 
 if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
 
 NGRAM_ALPHA = "ngram_alpha"  # the [objective] key of α (the wrapped objective never sees it)
-# [objective] keys of the N-gram loss itself, popped before the wrapped objective is built:
-# the weight of L₀ (the paper's ½) and the label smoothing of the heads' losses (default:
-# the wrapped objective's own, as in the paper)
+# [objective] keys of the N-gram loss itself, popped before the wrapped objective is built,
+# with their types and ranges: α, the weight of L₀ (the paper's ½) and the label smoothing
+# of the heads' losses (default: the wrapped objective's own, as in the paper)
 NGRAM_MAIN_WEIGHT = "ngram_main_weight"
 NGRAM_HEADS_LABEL_SMOOTHING = "ngram_heads_label_smoothing"
+NGRAM_OPTIONS = {
+    NGRAM_ALPHA: ("alpha", NonNegative),
+    NGRAM_MAIN_WEIGHT: ("main_weight", Positive),
+    NGRAM_HEADS_LABEL_SMOOTHING: ("heads_label_smoothing", Fraction),
+}
 LossImpl = Literal["full", "chunked", "auto"]
 
 
@@ -240,12 +244,7 @@ def split_ngram_options(
     without heads. Returned as ``{"alpha", "main_weight"[, "heads_label_smoothing"]}``."""
     rest = dict(options)
     ngram = {"alpha": 1.0, "main_weight": 0.5}
-    keys = {
-        NGRAM_ALPHA: ("alpha", 0.0, math.inf, "must be >= 0"),
-        NGRAM_MAIN_WEIGHT: ("main_weight", 0.0, math.inf, "must be > 0"),
-        NGRAM_HEADS_LABEL_SMOOTHING: ("heads_label_smoothing", 0.0, 1.0, "must be in [0, 1)"),
-    }
-    for key, (name, low, high, valid) in keys.items():
+    for key, (name, kind) in NGRAM_OPTIONS.items():
         if key not in rest:
             continue
         value = rest.pop(key)
@@ -254,12 +253,7 @@ def split_ngram_options(
                 f"objective.{key}: applies to the N-gram heads' losses, but the model has no "
                 "heads (model.heads.kind = 'none')"
             )
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"objective.{key}: expected a number, got {value!r}")
-        inside = low <= value < high if key != NGRAM_MAIN_WEIGHT else low < value < high
-        if not inside:
-            raise ConfigError(f"objective.{key}: {valid}, got {value}")
-        ngram[name] = float(value)
+        ngram[name] = float(check_type(f"objective.{key}", value, kind))
     return ngram, rest
 
 

@@ -35,7 +35,7 @@ from targetlm.modules.diffusion import (
 )
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.objectives.base import LossOutput
-from targetlm.registry import ConfigError
+from targetlm.registry import ConfigError, Count, NonNegative, Positive, Probability, Seed, Size
 from targetlm.tasks.base import TASKS, Batch, Task
 
 SAMPLERS = ("renoise", "posterior")
@@ -110,21 +110,21 @@ class DiffusionTask(Task):
     def __init__(
         self,
         schedule: Literal["sqrt", "dinoiser"] = "sqrt",
-        noise_factor: float = 1.0,
-        diffusion_steps: int = 2000,
-        embedding_scale: float = 1.0,
+        noise_factor: Positive = 1.0,
+        diffusion_steps: Count = 2000,
+        embedding_scale: Positive = 1.0,
         embedding_norm: bool = False,
-        self_condition_prob: float = 0.5,
-        length_loss_weight: float = 0.1,
-        anchor_weight: float = 1.0,
-        diffusion_weight: float = 1.0,
-        clip_every: int = 100,
-        decode_steps: int = 20,
-        length_beam: int = 3,
-        samples: int = 1,
+        self_condition_prob: Probability = 0.5,
+        length_loss_weight: NonNegative = 0.1,
+        anchor_weight: NonNegative = 1.0,
+        diffusion_weight: Positive = 1.0,
+        clip_every: Count = 100,
+        decode_steps: Size = 20,
+        length_beam: Size = 3,
+        samples: Size = 1,
         sampler: Literal["renoise", "posterior"] = "posterior",
-        decode_seed: int = 1,
-        decode_noise_factor: float = 0.0,
+        decode_seed: Seed = 1,
+        decode_noise_factor: NonNegative = 0.0,
     ) -> None:
         self.schedule = build_schedule(schedule, noise_factor)
         if decode_noise_factor < 0:
