@@ -615,9 +615,10 @@ def _row(
         has_ensemble = any(lam > 0 for lam in on_test) or any(lam > 0 for lam in on_valid)
         lam: float | None = None
         if lambda_on == "valid" and has_ensemble:
-            if not on_valid:
+            if not any(lam > 0 for lam in on_valid):
                 raise CompareError(
-                    f"--lambda-on valid: {run.name} has no valid {metric} for decoding {shown}"
+                    f"--lambda-on valid: {run.name} has no valid {metric} of its head ensemble "
+                    f"(λ > 0) for decoding {shown} to choose λ on"
                 )
             lam = (min if lower else max)(on_valid, key=lambda x: (on_valid[x], x))
         elif fixed is not None and has_ensemble:
