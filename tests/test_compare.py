@@ -278,7 +278,7 @@ def test_plot_draws_learning_curves_and_the_lambda_sweep(tmp_path, capsys):
 
 
 # docs/results.md, "Base vs WDR vs WDR + the head ensemble": rows of the committed records as
-# collect_diffusion.py printed them: (label, direction, length, K) -> base, WDR λ 0, WDR λ 0.1
+# the collector script printed them: (label, direction, length, K) -> base, WDR λ 0, WDR λ 0.1
 # (mean ± sd test BLEU over seeds), ensemble − base
 DIFFUSION_TABLE = {
     ("cpu-12ep", "de-en", "predicted", 10): ("5.18 ± 0.26", "5.45 ± 0.55", "5.44 ± 0.34", 0.25),

@@ -372,7 +372,7 @@ def _check_only_seed_differs(group: Group) -> None:
         for run in group.runs:
             first_seen.setdefault(repr(run.config.get(key, absent)), run)
         if len(first_seen) > 1:
-            shown = ", ".join(f"{value} in {run.path.name}" for value, run in first_seen.items())
+            shown = ", ".join(f"{value} in {run.path}" for value, run in first_seen.items())
             differing.append(f"{key} ({shown})".replace("'(absent)'", absent))
     if differing:
         raise CompareError(
@@ -649,7 +649,8 @@ def _add_differences(rows: list[Row], groups: Sequence[Group], baseline: str) ->
         if reference is None:
             continue
         row.baseline = name
-        row.difference = welch_difference(row.test, reference.test)
+        if name != row.group.name:  # the baseline's own row says "baseline"
+            row.difference = welch_difference(row.test, reference.test)
 
 
 # ------------------------------------------------------------------------------ 4. output
