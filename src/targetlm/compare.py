@@ -841,7 +841,7 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sweeps = [row for row in rows if row.lambda_rule and any(row.lambdas)]
+    sweeps = [row for row in rows if any(lam is not None for lam in row.lambdas)]
     fig, axes = plt.subplots(1, 2 if sweeps else 1, figsize=(11 if sweeps else 6, 4))
     axes = list(axes) if sweeps else [axes]
     seen = set()
