@@ -11,7 +11,7 @@
 # De→En WDR uses Table 10's De2En N = 3 (En→De: the preset's N = 2).
 # EPOCHS=N trains N epochs instead of the preset's 12; SET="key=value ..." adds --set overrides
 # (put such runs in their own RUNS=dir).
-# Collect with: python experiments/collect_diffusion.py runs/diffusion
+# Table: targetlm compare runs/diffusion --metric bleu --lambda 0.1
 set -euo pipefail
 direction=$1 preset=$2 seed=$3
 source_lang=${direction%-*} target_lang=${direction#*-}

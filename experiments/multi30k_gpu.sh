@@ -10,7 +10,7 @@
 # the autoregressive reference.
 # Runs land in RUNS/diffusion/DIRECTION-PRESET-sSEED and RUNS/nmt/DIRECTION-base-sSEED, logs in
 # RUNS/logs; a run that finished is skipped. Exits non-zero when any run failed (named).
-# Collect: python experiments/collect_diffusion.py RUNS/diffusion; python experiments/collect_nmt.py RUNS/nmt
+# Tables: targetlm compare RUNS/diffusion --metric bleu --lambda 0.1; targetlm compare RUNS/nmt --metric bleu
 set -uo pipefail
 cd "$(dirname "$0")/.."
 epochs=${EPOCHS:-12}

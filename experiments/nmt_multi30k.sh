@@ -7,7 +7,7 @@
 # Trains configs/nmt-tiny-multi30k-PRESET.toml into runs/nmt/DIRECTION-PRESET-sSEED (its
 # results.json has valid/test loss, ppl, BLEU and chrF of beam 5 with λ = 0), then for head
 # models translates val with beam 5 for every λ in LAMBDAS, and test with the λ best on val
-# (translate-*.json beside the run). Collect with: python experiments/collect_nmt.py runs/nmt
+# (translate-*.json beside the run). Table: targetlm compare runs/nmt --metric bleu --lambda-on valid
 # FAMILY=... picks another preset family (e.g. nmt-small-multi30k on a GPU). EPOCHS=N trains N
 # epochs instead of the preset's; SET="key=value ..." adds --set overrides (e.g. the device).
 set -euo pipefail

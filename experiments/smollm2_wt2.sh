@@ -12,7 +12,7 @@
 # splits. "before" evaluates the pretrained model as published (no training).
 # Each run: runs/smollm2/PRESET-sSEED/ with results.json (valid/test token-level ppl) and
 # eval-{valid,test}.json (token- and word-level ppl, and each λ of the head ensemble).
-# Collect: python experiments/collect_smollm2.py runs/smollm2
+# Table: targetlm compare runs/smollm2 --lambda-on valid --baseline base
 set -euo pipefail
 preset=$1 seed=$2
 BPTT=${BPTT:-128} BATCH=${BATCH:-4} JOINT=${JOINT:-60} HEADS_ONLY=${HEADS_ONLY:-60}

@@ -17,6 +17,9 @@
     targetlm analyze word-probs RUN_DIR [RUN_DIR ...] [--words W,W,...] [--split test]
     targetlm analyze tsne RUN_DIR --out PNG [--levels 0,1,2] [--tokens M] [--split test]
     targetlm analyze freq-bins RUN_A RUN_B --out PNG [--split test] [--set ...] [--json] [scoring options]
+    targetlm compare [LABEL:]DIR... [--group-by preset|label] [--metric ppl|bleu|chrf]
+                     [--lambda-on valid | --lambda L] [--decoding NAME] [--baseline GROUP]
+                     [--format md|csv|json] [--plot PNG]
 
 Every expected failure (bad config, missing data, unusable checkpoint or run
 directory, diverged training) is one line on stderr and a non-zero exit.
@@ -30,6 +33,7 @@ import sys
 from targetlm.checkpoint import CheckpointError
 from targetlm.cli import (
     analyze,
+    compare,
     data,
     describe,
     export,
@@ -57,6 +61,7 @@ COMMANDS = (
     export,
     describe,
     analyze,
+    compare,
     lexicon,
     data,
 )
