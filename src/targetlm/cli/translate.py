@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from targetlm.cli.outputs import add_force_option, check_output, run_inputs
 from targetlm.data.parallel import (
     check_aligned,
     check_nonempty,
@@ -127,6 +128,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``targetlm translate``; returns the exit status."""
     from targetlm.inference.translate import DecodeOptions
 
+    if args.output is not None:
+        inputs = [args.input, args.reference, *run_inputs(args.run_dir)]
+        check_output(args.output, "--output", inputs, args.force)
     beam_options = {  # None: not given (DecodeOptions' default)
         "beam": args.beam,
         "length_penalty": args.length_penalty,
@@ -179,6 +183,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", type=Path, required=True, help="source sentences, one per line")
     p.add_argument("--reference", type=Path, help="reference translations: print BLEU and chrF")
     p.add_argument("--output", type=Path, help="write the translations here (default: stdout)")
+    add_force_option(p)
     p.add_argument("--beam", type=int, help="beam size (1: greedy; default 5)")
     p.add_argument(
         "--ensemble-lambda",
