@@ -42,6 +42,7 @@ from targetlm.cli import (
 )
 from targetlm.cli import eval as eval_command
 from targetlm.data import DataError
+from targetlm.inference.progress import showing_progress, wanted
 from targetlm.registry import ConfigError
 from targetlm.training.trainer import RunDirError, TrainingDiverged
 
@@ -64,6 +65,7 @@ COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     """The ``targetlm`` parser: one subcommand per module of this package."""
     parser = argparse.ArgumentParser(prog="targetlm", description=__doc__.split("\n\n")[0])
+    parser.set_defaults(quiet=True)  # no progress bar but where a command offers --quiet
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     (2: an expected error, printed as one line on stderr; 3: training diverged)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with showing_progress(wanted(args.quiet)):
+            return args.func(args)
     except EXPECTED_ERRORS as error:
         print(f"targetlm: error: {error}", file=sys.stderr)
         return 3 if isinstance(error, TrainingDiverged) else 2

@@ -17,6 +17,7 @@ from targetlm.cli.common import (
     score_streams,
     settings,
 )
+from targetlm.cli.outputs import add_quiet_option
 from targetlm.data import (
     count_words,
     read_file,
@@ -251,4 +252,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_scoring_options(p)
+    add_quiet_option(p)
     p.set_defaults(func=run)

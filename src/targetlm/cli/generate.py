@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from targetlm.cli.outputs import add_quiet_option
 from targetlm.data import DataError
 from targetlm.data.vocab import normalize_separators, read_text_lines
 
@@ -107,4 +108,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="greedy self-speculative decoding with the run's N-gram heads (--temperature 0)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON list, one object a prompt")
+    add_quiet_option(p)
     p.set_defaults(func=run)

@@ -67,3 +67,13 @@ def add_force_option(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replace an existing output (an input is never overwritten)",
     )
+
+
+def add_quiet_option(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``: no progress bar (there is none either when stderr is not a terminal)."""
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        default=False,
+        help="no progress bar on stderr (none either when stderr is not a terminal)",
+    )

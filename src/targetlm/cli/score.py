@@ -16,7 +16,7 @@ from targetlm.cli.common import (
     score_streams,
 )
 from targetlm.cli.eval import oov_text
-from targetlm.cli.outputs import add_force_option, check_output, run_inputs
+from targetlm.cli.outputs import add_force_option, add_quiet_option, check_output, run_inputs
 from targetlm.data import (
     read_file,
 )
@@ -75,6 +75,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="one record per token: position, token, log_prob (natural log), new",
     )
     add_force_option(p)
+    add_quiet_option(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
         "--ensemble-lambda",

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from targetlm.cli.outputs import add_force_option, check_output, run_inputs
+from targetlm.cli.outputs import add_force_option, add_quiet_option, check_output, run_inputs
 from targetlm.data.parallel import (
     check_aligned,
     check_nonempty,
@@ -184,6 +184,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", type=Path, help="reference translations: print BLEU and chrF")
     p.add_argument("--output", type=Path, help="write the translations here (default: stdout)")
     add_force_option(p)
+    add_quiet_option(p)
     p.add_argument("--beam", type=int, help="beam size (1: greedy; default 5)")
     p.add_argument(
         "--ensemble-lambda",
