@@ -5,11 +5,11 @@
     targetlm eval RUN_DIR [--split valid|test | --file PATH] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
                   [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
                   [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
-    targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--ensemble-lambda L,...] [scoring options]
+    targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--force] [--ensemble-lambda L,...] [scoring options]
     targetlm generate RUN_DIR --prompt TEXT [--prompt ...] [--prompt-file F] [--max-tokens N] [--temperature T]
                       [--top-k K] [--top-p P] [--seed S] [--stop STRING ...] [--speculative] [--json]
-    targetlm translate RUN_DIR --input SRC [--reference REF] [--beam 5] [--ensemble-lambda L] [--output FILE] [--json]
-    targetlm export RUN_DIR --output DIR   (an hf-backbone run as a Hugging Face model directory)
+    targetlm translate RUN_DIR --input SRC [--reference REF] [--beam 5] [--ensemble-lambda L] [--output FILE [--force]] [--json]
+    targetlm export RUN_DIR --output DIR [--force]   (an hf-backbone run as a Hugging Face model directory)
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
     targetlm lexicon stats --data NAME [--dir DIR] [--drop F --seed S] [--json]
@@ -19,7 +19,9 @@
     targetlm analyze freq-bins RUN_A RUN_B --out PNG [--split test] [--set ...] [--json] [scoring options]
 
 Every expected failure (bad config, missing data, unusable checkpoint or run
-directory, diverged training) is one line on stderr and a non-zero exit.
+directory, diverged training) is one line on stderr and a non-zero exit. An output is never
+written over an input, and an existing one is replaced only with ``--force``; ``eval``,
+``score``, ``generate`` and ``translate`` show a progress bar on a terminal (``--quiet``: none).
 """
 
 from __future__ import annotations
