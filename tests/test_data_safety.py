@@ -189,3 +189,15 @@ def test_too_few_training_tokens_name_the_file(tmp_path, capsys):
         "few for data.batch_size = 20"
     )
     assert not run.exists()
+
+
+def test_the_readme_presets_table_has_one_row_per_preset_and_timings_say_idle():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Presets", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows and all(row.count(" | ") == 1 for row in rows), "a row with more than 2 cells"
+    names = [name for row in rows for name in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    for timing in ("~1 min", "~35 s", "a few minutes"):
+        line = next(line for line in readme.splitlines() if timing in line)
+        assert "idle" in line, line
