@@ -237,7 +237,9 @@ def test_frequency_bins_write_a_plot_and_a_table(source, char_source, tmp_path, 
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "new (0)" in out and "median" in out
 
-    assert main([*args, "--json"]) == 0
+    assert main([*args, "--json"]) == 2  # the plot exists: replaced only with --force
+    assert "pass --force" in capsys.readouterr().err
+    assert main([*args, "--json", "--force"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert sum(row["tokens"] for row in result["bins"]) == result["summary"]["a"]["tokens"]
     assert set(result["summary"]["b"]) >= SUMMARY

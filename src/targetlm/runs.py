@@ -66,6 +66,8 @@ def read_best(run_dir: str | Path) -> tuple[dict, Vocabulary, Path]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory not found: {run_dir}")
+    if not any((run_dir / name).is_file() for name in (CONFIG, LAST, BEST)):
+        raise CheckpointError(f"{run_dir} is not a run directory (no {CONFIG} / {LAST} / {BEST})")
     path = run_dir / BEST if (run_dir / BEST).is_file() else run_dir / LAST
     checkpoint = load(path)
     vocab = Vocabulary.from_state_dict(checkpoint["vocab"])

@@ -3,7 +3,7 @@
 The targets a model is trained on are ``x_t = E_out[y_t]`` for the main head and, for WDR
 heads, ``Δ_n x_t`` (:func:`targetlm.functional.wdr`). Projecting a stretch of running text's
 targets of every level into 2-D shows how much more diverse the WDR targets are.
-Needs scikit-learn (``pip install targetlm[analysis]``).
+Needs scikit-learn (``pip install -e ".[analysis]"`` in a checkout, as the README says).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def target_tsne(
         from sklearn.manifold import TSNE
     except ImportError:
         raise DataError(
-            "analyze tsne needs scikit-learn: pip install 'targetlm[analysis]'"
+            'analyze tsne needs scikit-learn: pip install -e ".[analysis]" (in the targetlm checkout)'
         ) from None
     x = weight.detach().float()[ids][None]  # (1, M, d)
     parts = {n: functional.wdr(x, n)[0, : ids.numel() - n] for n in levels}

@@ -5,11 +5,11 @@
     targetlm eval RUN_DIR [--split valid|test | --file PATH] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
                   [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
                   [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
-    targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--ensemble-lambda L,...] [scoring options]
+    targetlm score RUN_DIR --file PATH --out SCORES.jsonl [--force] [--ensemble-lambda L,...] [scoring options]
     targetlm generate RUN_DIR --prompt TEXT [--prompt ...] [--prompt-file F] [--max-tokens N] [--temperature T]
                       [--top-k K] [--top-p P] [--seed S] [--stop STRING ...] [--speculative] [--json]
-    targetlm translate RUN_DIR --input SRC [--reference REF] [--beam 5] [--ensemble-lambda L] [--output FILE] [--json]
-    targetlm export RUN_DIR --output DIR   (an hf-backbone run as a Hugging Face model directory)
+    targetlm translate RUN_DIR --input SRC [--reference REF] [--beam 5] [--ensemble-lambda L] [--output FILE [--force]] [--json]
+    targetlm export RUN_DIR --output DIR [--force]   (an hf-backbone run as a Hugging Face model directory)
     targetlm describe CONFIG [--set key=value ...] [--json]
     targetlm data info|download NAME
     targetlm lexicon stats --data NAME [--dir DIR] [--drop F --seed S] [--json]
@@ -22,7 +22,9 @@
                      [--format md|csv|json] [--plot PNG]
 
 Every expected failure (bad config, missing data, unusable checkpoint or run
-directory, diverged training) is one line on stderr and a non-zero exit.
+directory, diverged training) is one line on stderr and a non-zero exit. An output is never
+written over an input, and an existing one is replaced only with ``--force``; ``eval``,
+``score``, ``generate`` and ``translate`` show a progress bar on a terminal (``--quiet``: none).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from targetlm.cli import (
 from targetlm.cli import eval as eval_command
 from targetlm.cli.common import ArgumentParser
 from targetlm.data import DataError
+from targetlm.inference.progress import showing_progress, wanted
 from targetlm.registry import ConfigError
 from targetlm.training.trainer import RunDirError, TrainingDiverged
 
@@ -70,6 +73,7 @@ COMMANDS = (
 def build_parser() -> argparse.ArgumentParser:
     """The ``targetlm`` parser: one subcommand per module of this package."""
     parser = ArgumentParser(prog="targetlm", description=__doc__.split("\n\n")[0])
+    parser.set_defaults(quiet=True)  # no progress bar but where a command offers --quiet
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     (2: an expected error, printed as one line on stderr; 3: training diverged)."""
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        with showing_progress(wanted(args.quiet)):
+            return args.func(args)
     except EXPECTED_ERRORS as error:
         print(f"targetlm: error: {error}", file=sys.stderr)
         return 3 if isinstance(error, TrainingDiverged) else 2

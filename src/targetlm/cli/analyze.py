@@ -16,6 +16,7 @@ from targetlm.cli.common import (
     score,
     settings,
 )
+from targetlm.cli.outputs import add_force_option, check_output, run_inputs
 from targetlm.data import (
     DataError,
     with_context_token,
@@ -83,6 +84,7 @@ def tsne(args: argparse.Namespace) -> int:
     from targetlm.analysis.tsne import plot_tsne, target_tsne
     from targetlm.runs import load_run
 
+    check_output(args.out, "--out", run_inputs(args.run_dir), args.force)
     config, vocab, model, _ = load_run(args.run_dir, args.set)
     levels = [int(n) for n in args.levels]
     if any(n < 0 for n in levels) or args.tokens <= max(levels, default=0) + 1:
@@ -102,6 +104,8 @@ def freq_bins(args: argparse.Namespace) -> int:
     from targetlm.analysis.frequency import frequency_bin_table, plot_frequency_bins
     from targetlm.runs import load_run
 
+    inputs = [*run_inputs(args.run_a), *run_inputs(args.run_b)]
+    check_output(args.out, "--out", inputs, args.force)
     combiners = combiners_from_args(args) or Combiners()
     overrides = eval_overrides(args)
     config, vocab, model_a, _ = load_run(args.run_a, overrides)
@@ -183,6 +187,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--split", choices=["train", "valid", "test"], default="test")
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_force_option(a)
     a.set_defaults(func=tsne)
 
     a = analyses.add_parser(
@@ -196,5 +201,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--split", choices=["train", "valid", "test"], default="test")
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a.add_argument("--json", action="store_true")
+    add_force_option(a)
     add_scoring_options(a)
     a.set_defaults(func=freq_bins)

@@ -17,6 +17,7 @@ from targetlm.cli.common import (
     score_streams,
     settings,
 )
+from targetlm.cli.outputs import add_quiet_option
 from targetlm.data import (
     count_words,
     read_file,
@@ -25,6 +26,21 @@ from targetlm.data import (
 )
 from targetlm.modules.encoders import Encoder
 from targetlm.registry import ConfigError
+
+# an evaluation with more out-of-vocabulary tokens than this says so in its printed line:
+# its perplexity mostly measures how well the model predicts <unk>
+HIGH_OOV_RATE = 0.10
+
+
+def oov_text(rate: float) -> str:
+    """``OOV rate 12.50% (high: ...)`` for a printed result line."""
+    text = f"OOV rate {rate:.2%}"
+    if rate > HIGH_OOV_RATE:
+        text += (
+            f" (high, over {HIGH_OOV_RATE:.0%}: the perplexity mostly scores <unk>; is the text "
+            "like the training data? try --lowercase or --open-vocab)"
+        )
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         name = source if args.file is not None else f"{split} ({source})"
         print(
             f"{name}: ppl {result['ppl']:.2f} over {result['tokens']:,} tokens, "
-            f"OOV rate {result['oov_rate']:.2%}" + _per_word_text(result)
+            + oov_text(result["oov_rate"])
+            + _per_word_text(result)
         )
         for row in result.get("ensemble", []):
             print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
@@ -191,7 +208,8 @@ def _print_summary(result: dict) -> None:
     print(
         f"{name} ({result['data']} {result['file']}), {vocabulary}: ppl {ppl('ppl')} "
         f"over {result['tokens']:,} tokens (new words: ppl {ppl('ppl_new')} over "
-        f"{result['new_tokens']:,}; known: ppl {ppl('ppl_known')}), OOV rate {result['oov_rate']:.2%}"
+        f"{result['new_tokens']:,}; known: ppl {ppl('ppl_known')}), "
+        + oov_text(result["oov_rate"])
         + _per_word_text(result)
     )
 
@@ -234,4 +252,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_scoring_options(p)
+    add_quiet_option(p)
     p.set_defaults(func=run)

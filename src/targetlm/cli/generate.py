@@ -18,19 +18,24 @@ import sys
 from pathlib import Path
 
 from targetlm.cli.common import SEED, SIZE, number_in
+from targetlm.cli.outputs import add_quiet_option
 from targetlm.data import DataError
+from targetlm.data.vocab import normalize_separators, read_text_lines
 from targetlm.registry import MAX_VOCAB, Range
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
-    """The ``--prompt`` values, then the non-empty lines of ``--prompt-file``."""
-    prompts = list(args.prompt or [])
+    """The ``--prompt`` values, then the non-empty lines of ``--prompt-file`` (read like every
+    text file: :func:`targetlm.data.vocab.read_text`); no prompt at all is an error."""
+    prompts = [normalize_separators(prompt) for prompt in args.prompt or []]
     if args.prompt_file is not None:
-        try:
-            text = args.prompt_file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as error:
-            raise DataError(f"--prompt-file {args.prompt_file}: not UTF-8 text ({error})") from None
-        prompts += [line for line in text.splitlines() if line.strip()]
+        lines = read_text_lines(args.prompt_file, kind="prompt file")
+        given = [line for line in lines if line.strip()]
+        if not given:
+            raise DataError(f"{args.prompt_file} has no prompt (only blank lines)")
+        prompts += given
+    if not prompts:
+        raise DataError("no prompt: give --prompt TEXT or --prompt-file FILE")
     return prompts
 
 
@@ -115,4 +120,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="greedy self-speculative decoding with the run's N-gram heads (--temperature 0)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON list, one object a prompt")
+    add_quiet_option(p)
     p.set_defaults(func=run)

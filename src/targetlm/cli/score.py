@@ -15,6 +15,8 @@ from targetlm.cli.common import (
     eval_overrides,
     score_streams,
 )
+from targetlm.cli.eval import oov_text
+from targetlm.cli.outputs import add_force_option, add_quiet_option, check_output, run_inputs
 from targetlm.data import (
     read_file,
 )
@@ -26,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``targetlm score``: one JSON record per token of a file, with any combiners."""
     from targetlm.runs import load_run
 
+    out = Path(args.out)
+    check_output(out, "--out", [args.file, *run_inputs(args.run_dir)], args.force)
     combiners = combiners_from_args(args) or Combiners()
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args))
     check_combiners(args, config, model)
@@ -33,7 +37,6 @@ def run(args: argparse.Namespace) -> int:
     tokens = list(vocab.tokenizer.tokenize(lines))
     combiners = dataclasses.replace(combiners, ensemble_lambdas=tuple(args.ensemble_lambda))
     main, *streams = score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     records = []
     for i, token in enumerate(tokens):
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     summary = main.summary()
     print(
         f"{out}: {summary['tokens']:,} tokens of {args.file}, ppl {summary['ppl']:.2f}, "
-        f"OOV rate {summary['oov_rate']:.2%}"
+        + oov_text(summary["oov_rate"])
     )
     return 0
 
@@ -71,6 +74,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="JSONL",
         help="one record per token: position, token, log_prob (natural log), new",
     )
+    add_force_option(p)
+    add_quiet_option(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
         "--ensemble-lambda",

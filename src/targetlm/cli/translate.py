@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from targetlm.cli.common import SIZE, combiner_range, declared_range, number_in
+from targetlm.cli.outputs import add_force_option, add_quiet_option, check_output, run_inputs
 from targetlm.config import RANGES
 from targetlm.data.parallel import (
     check_aligned,
@@ -130,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     """Run ``targetlm translate``; returns the exit status."""
     from targetlm.inference.translate import DecodeOptions
 
+    if args.output is not None:
+        inputs = [args.input, args.reference, *run_inputs(args.run_dir)]
+        check_output(args.output, "--output", inputs, args.force)
     beam_options = {  # None: not given (DecodeOptions' default)
         "beam": args.beam,
         "length_penalty": args.length_penalty,
@@ -187,6 +191,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", type=Path, required=True, help="source sentences, one per line")
     p.add_argument("--reference", type=Path, help="reference translations: print BLEU and chrF")
     p.add_argument("--output", type=Path, help="write the translations here (default: stdout)")
+    add_force_option(p)
+    add_quiet_option(p)
     p.add_argument(
         "--beam",
         type=number_in(RANGES["eval.beam"], integer=True),

@@ -8,8 +8,13 @@ is where ``targetlm data download`` puts it. ``synthetic`` is generated in memor
 ``text`` is a directory of the user's own files (``data.dir``): ``data.train``,
 ``data.valid`` and ``data.test`` name its files (``train.en``; ``NAME`` or ``NAME.txt``).
 
-A split is read as lines (a leading byte-order mark dropped, optionally lower-cased and
-sliced by line fractions); the tokenizer (``data.tokenizer``,
+A split's name never reaches outside its dataset: a registered dataset's split is one of its
+declared splits (:func:`split_path`), and a ``text`` split a file inside ``data.dir`` or one
+named by its absolute path (:func:`_text_file`).
+
+A split is read as lines (:func:`targetlm.data.vocab.read_text`: a leading byte-order mark
+dropped, invisible separators made spaces; optionally lower-cased and sliced by line
+fractions); the tokenizer (``data.tokenizer``,
 :mod:`targetlm.data.tokenizers`) learnt on the training lines turns every split's lines
 into the token stream, one ``<eos>`` per line.
 """
@@ -23,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Callable, Sequence
@@ -37,8 +43,8 @@ from targetlm.data.vocab import (
     DataError,
     Vocabulary,
     count_words,
-    lines_from_text,
-    read_text,
+    has_words,
+    read_text_lines,
     tokens_from_lines,
 )
 
@@ -291,29 +297,50 @@ def read_lines(config: DataConfig, split: str) -> list[str]:
 
     ``stem[a:b]`` keeps the sentences (lines) from fraction a to fraction b of the file, so
     one Brown genre can give a finetuning, a validation and a test part:
-    ``news[:0.8]``, ``news[0.8:0.9]``, ``news[0.9:]``.
+    ``news[:0.8]``, ``news[0.8:0.9]``, ``news[0.9:]``. A split (or slice) without a single
+    word (empty, or only blank lines) is an error naming the file.
     """
     stem, window = parse_split(split)
     if config.name == "synthetic":
         lines = _synthetic_lines(config, stem)
         lines = [line.lower() for line in lines] if config.lowercase else lines
-        source = f"synthetic split {stem!r}"
     else:
-        path = _text_file(config, stem) if config.name == TEXT else _dataset_file(config, stem)
-        lines = lines_from_text(read_text(path), config.lowercase)
-        source = f"file {path}"
+        # a registered corpus is read as published (its token counts are the literature's)
+        path = split_path(config, split)
+        lines = read_text_lines(path, config.lowercase, separators=config.name == TEXT)
     lines = _slice_lines(lines, window)
     if not lines:
-        part = f" (slice {split!r})" if window != (0.0, 1.0) else ""
-        raise DataError(f"{'training ' if split == config.train else ''}{source}{part} is empty")
+        raise DataError(f"{split_source(config, split)} is empty")
+    if not has_words(lines):
+        raise DataError(f"{split_source(config, split)} has no words (only blank lines)")
     return lines
 
 
+def split_path(config: DataConfig, split: str) -> Path:
+    """The file of a split of a dataset read from files (not ``synthetic``)."""
+    stem, _ = parse_split(split)
+    return _text_file(config, stem) if config.name == TEXT else _dataset_file(config, split)
+
+
+def split_source(config: DataConfig, split: str) -> str:
+    """A split as messages name it: ``training file PATH (slice 'news[:0.8]')``."""
+    stem, window = parse_split(split)
+    role = "training " if split == config.train else ""
+    if config.name == "synthetic":
+        where = f"{role}synthetic split {stem!r}"
+    else:
+        where = f"{role}file {split_path(config, split)}"
+    return where + (f" (slice {split!r})" if window != (0.0, 1.0) else "")
+
+
 def read_file(path: str | Path, lowercase: bool = False) -> list[str]:
-    """Lines of any text file, read like a split (``eval --file``); an empty file is an error."""
-    lines = lines_from_text(read_text(path), lowercase)
+    """Lines of any text file, read like a split (``eval --file``); a file without a word
+    (empty, or only blank lines) is an error."""
+    lines = read_text_lines(path, lowercase)
     if not lines:
         raise DataError(f"{path} is empty: nothing to evaluate")
+    if not has_words(lines):
+        raise DataError(f"{path} has no words (only blank lines): nothing to evaluate")
     return lines
 
 
@@ -342,24 +369,78 @@ def _synthetic_lines(config: DataConfig, stem: str) -> list[str]:
     return lines
 
 
-def _dataset_file(config: DataConfig, stem: str) -> Path:
-    get_spec(config.name)
+def _dataset_file(config: DataConfig, split: str) -> Path:
+    """The file of a registered dataset's split: one of its declared splits, so a split name
+    never reads a file outside the dataset's directory."""
+    spec = get_spec(config.name)
+    stem, _ = parse_split(split)
+    check_declared_split(spec, config, split)
     return resolve_dir(config.name, config.dir, (stem,)) / f"{stem}.txt"
 
 
+def check_declared_split(spec: DatasetSpec, config: DataConfig, split: str) -> None:
+    """One error when ``split``'s stem is not a split ``spec`` declares, listing those it has
+    (Brown's are its genres: slice one)."""
+    stem, _ = parse_split(split)
+    if stem in spec.splits:
+        return
+    keys = [k for k in ("train", "valid", "test") if getattr(config, k) == split]
+    key = f"data.{keys[0]}" if keys else "data.valid"
+    if spec.name == "brown":
+        listed = f"the {len(spec.splits)} genres: {', '.join(spec.splits)}"
+    else:
+        listed = ", ".join(spec.splits)
+    example = "news" if "news" in spec.splits else spec.splits[0]
+    raise DataError(
+        f"dataset {spec.name!r} has no split {stem!r}; its splits are {listed}; slice one, "
+        f'e.g. {key}="{example}[0.8:0.9]"'
+    )
+
+
+def check_text_name(name: str) -> Path | None:
+    """A ``text`` split's file name: an absolute path is the user's own file, named in full
+    (returned); a relative name must stay inside ``data.dir`` (no ``..``; None: look it up
+    there).
+
+    Why absolute paths are allowed and ``..`` is not: an absolute ``data.train`` is a file
+    the user points at on purpose and can read anyway, while ``../`` in a name that looks like
+    a file of ``data.dir`` silently reads (and copies into ``vocab.txt``) a file elsewhere.
+    Registered datasets take neither: their splits are declared (:func:`check_declared_split`).
+    """
+    path = Path(name)
+    if path.is_absolute():
+        return path
+    if ".." in path.parts:
+        raise DataError(
+            f"split {name!r}: '..' leaves data.dir; name a file inside data.dir, or give the "
+            "file's absolute path"
+        )
+    return None
+
+
 def _text_file(config: DataConfig, name: str) -> Path:
-    """The user's file ``name`` (or ``name.txt``) in ``data.dir``."""
-    if not config.dir:
-        raise DataError("data.name = 'text' reads your own files: set data.dir to their directory")
-    directory = Path(config.dir)
-    if not directory.is_dir():
-        raise DataError(f"data.dir {directory} does not exist or is not a directory")
-    for path in (directory / name, directory / f"{name}.txt"):
+    """The user's file ``name`` (or ``name.txt``) in ``data.dir``, or at its absolute path."""
+    absolute = check_text_name(name)
+    candidates: tuple[Path, ...]
+    if absolute is not None:
+        candidates = (absolute, absolute.with_name(absolute.name + ".txt"))
+    else:
+        if not config.dir:
+            raise DataError(
+                "data.name = 'text' reads your own files: set data.dir to their directory"
+            )
+        directory = Path(config.dir)
+        if not directory.is_dir():
+            raise DataError(f"data.dir {directory} does not exist or is not a directory")
+        candidates = (directory / name, directory / f"{name}.txt")
+    for path in candidates:
         if path.is_file():
             return path
+    if absolute is not None:
+        raise DataError(f"no file {absolute} (nor {candidates[1]})")
     raise DataError(
-        f"no file {directory / name} (data.train, data.valid and data.test name files in "
-        f"data.dir {directory})"
+        f"no file {candidates[0]} (data.train, data.valid and data.test name files in "
+        f"data.dir {config.dir}, or give a file's absolute path)"
     )
 
 
@@ -406,9 +487,26 @@ def load_corpus(config: DataConfig, splits: tuple[str, ...] | None = None) -> Co
     return Corpus(tokenizer.vocabulary(tokens[config.train]), tokens, words)
 
 
+def check_training_tokens(config: DataConfig, corpus: Corpus) -> None:
+    """One error naming the training file when its stream cannot fill one token per row of
+    ``data.batch_size`` (before the training batches are cut)."""
+    tokens = len(corpus.splits[config.train])
+    if tokens < config.batch_size:
+        raise DataError(
+            f"{split_source(config, config.train)}: {tokens:,} training tokens are too few for "
+            f"data.batch_size = {config.batch_size}"
+        )
+
+
 def _fetch(remote: Remote) -> bytes:
-    with urllib.request.urlopen(remote.url, timeout=60) as response:  # noqa: S310 (https/file only)
-        blob = response.read()
+    """The bytes at ``remote.url``, checksum verified; a network failure is one error naming the
+    URL it tried."""
+    try:
+        with urllib.request.urlopen(remote.url, timeout=60) as response:  # noqa: S310 (https/file only)
+            blob = response.read()
+    except (urllib.error.URLError, OSError) as error:  # offline, DNS, refused, HTTP 404, timeout
+        reason = getattr(error, "reason", None) or error.strerror or error
+        raise DataError(f"download of {remote.url} failed: {reason}") from None
     for algorithm, expected in (("sha256", remote.sha256), ("md5", remote.md5)):
         if expected and hashlib.new(algorithm, blob).hexdigest() != expected:
             raise DataError(f"{remote.url}: {algorithm} mismatch (expected {expected}); not saved")

@@ -25,11 +25,13 @@ from targetlm.data.datasets import (
     TEXT,
     _slice_lines,
     candidate_dirs,
+    check_declared_split,
+    check_text_name,
     get_spec,
     parse_split,
 )
 from targetlm.data.tokenizers import SymbolTokenizer, Tokenizer, build_tokenizer
-from targetlm.data.vocab import EOS, DataError, Vocabulary, lines_from_text, read_text
+from targetlm.data.vocab import EOS, DataError, Vocabulary, read_text_lines
 
 if TYPE_CHECKING:
     from targetlm.config import DataConfig
@@ -64,10 +66,17 @@ def languages(config: DataConfig) -> tuple[str, str]:
 
 
 def split_file(config: DataConfig, stem: str, lang: str) -> Path:
-    """``<dir>/<stem>.<lang>``: data.dir, $TARGETLM_DATA/<name>, then the user cache."""
+    """``<dir>/<stem>.<lang>``: data.dir, $TARGETLM_DATA/<name>, then the user cache. A
+    registered corpus's ``stem`` is one of its declared splits; a ``text`` one stays inside
+    its directory or is an absolute path (:func:`~targetlm.data.datasets.check_text_name`)."""
     name = f"{stem}.{lang}"
     if config.name != TEXT:
-        get_spec(config.name)
+        check_declared_split(get_spec(config.name), config, stem)
+    elif (absolute := check_text_name(stem)) is not None:
+        path = absolute.with_name(f"{absolute.name}.{lang}")
+        if not path.is_file():
+            raise DataError(f"parallel file {path} not found")
+        return path
     directories = candidate_dirs(config.name, config.dir)
     for directory in directories:
         if (directory / name).is_file():
@@ -80,8 +89,10 @@ def split_file(config: DataConfig, stem: str, lang: str) -> Path:
     )
 
 
-def read_file_lines(path: Path, lowercase: bool = False) -> list[str]:
-    return lines_from_text(read_text(path), lowercase)
+def read_file_lines(path: Path, lowercase: bool = False, separators: bool = True) -> list[str]:
+    """The lines of one side's file (:func:`targetlm.data.vocab.read_text`, the one reader;
+    ``separators`` False: a registered corpus, read as published)."""
+    return read_text_lines(path, lowercase, separators=separators)
 
 
 def check_aligned(source: Path, source_lines: list, target: Path, target_lines: list) -> None:
@@ -106,8 +117,9 @@ def read_parallel(config: DataConfig, split: str, *, train: bool) -> ParallelSpl
     stem, window = parse_split(split)
     source_path = split_file(config, stem, source_lang)
     target_path = split_file(config, stem, target_lang)
-    source = read_file_lines(source_path, config.lowercase)
-    target = read_file_lines(target_path, config.lowercase)
+    as_published = config.name != TEXT
+    source = read_file_lines(source_path, config.lowercase, separators=not as_published)
+    target = read_file_lines(target_path, config.lowercase, separators=not as_published)
     check_aligned(source_path, source, target_path, target)
     source, target = _slice_lines(source, window), _slice_lines(target, window)
     skipped = 0

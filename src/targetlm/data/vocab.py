@@ -23,13 +23,39 @@ class DataError(ValueError):
     """A corpus file is missing, empty or unreadable."""
 
 
-def read_text(path: str | Path) -> str:
-    """The text of a UTF-8 file, without a leading byte-order mark."""
+# Word separators besides Python's whitespace (``str.split()``: every Unicode Zs, Zl, Zp
+# character, tabs, line and paragraph separators, NBSP): the invisible ones that separate words
+# in real text yet are not whitespace to Python. The reader turns each into a space, so no
+# tokenizer ever sees a word glued to an invisible character.
+INVISIBLE_SEPARATORS = (
+    "\u200b",  # zero-width space
+    "\u2060",  # word joiner
+    "\ufeff",  # zero-width no-break space (a byte-order mark inside a line)
+)
+_SEPARATORS_TO_SPACE = str.maketrans(dict.fromkeys(INVISIBLE_SEPARATORS, " "))
+
+
+def normalize_separators(text: str) -> str:
+    """``text`` with every :data:`INVISIBLE_SEPARATORS` character made a space."""
+    return text.translate(_SEPARATORS_TO_SPACE)
+
+
+def read_text(path: str | Path, kind: str = "corpus file", separators: bool = True) -> str:
+    """The text of a UTF-8 file: the one reader of every command's text (corpora, ``eval`` and
+    ``score`` files, prompts, sources and references to translate).
+
+    A leading byte-order mark is dropped; the invisible separators (:data:`INVISIBLE_SEPARATORS`)
+    become spaces, unless ``separators`` is False: the registered corpora are read as
+    published, so their token counts are the literature's (WikiText-2's training split has
+    nine lone U+FEFF tokens). Refused in one :class:`DataError` naming the file (``kind`` says what it
+    is: "prompt file"): a missing file, a directory, bytes that are not UTF-8 and a NUL
+    character (binary data), both with their line number.
+    """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path} is a directory, not a text file")
     if not path.is_file():
-        raise DataError(f"corpus file not found: {path}")
+        raise DataError(f"{kind} not found: {path}")
     try:
         raw = path.read_bytes()
     except OSError as error:  # unreadable: permissions, a broken device
@@ -41,7 +67,24 @@ def read_text(path: str | Path) -> str:
         raise DataError(
             f"{path}, line {line}: undecodable bytes (not UTF-8): {raw[error.start : error.end]!r}"
         ) from None
-    return text.removeprefix(BOM)
+    nul = text.find("\0")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        raise DataError(f"{path}, line {line}: a NUL character (binary data, not text)")
+    text = text.removeprefix(BOM)
+    return normalize_separators(text) if separators else text
+
+
+def read_text_lines(
+    path: str | Path, lowercase: bool = False, kind: str = "corpus file", separators: bool = True
+) -> list[str]:
+    """The lines of a text file (:func:`read_text`, :func:`lines_from_text`)."""
+    return lines_from_text(read_text(path, kind, separators), lowercase)
+
+
+def has_words(lines: Iterable[str]) -> bool:
+    """Whether any line holds a word (a line of whitespace only holds none)."""
+    return any(line.split() for line in lines)
 
 
 def lines_from_text(text: str, lowercase: bool = False) -> list[str]:

@@ -31,6 +31,7 @@ from targetlm import functional
 from targetlm.chunked import AUTO_CHUNK_ELEMENTS, logit_statistics
 from targetlm.data.batching import IGNORE
 from targetlm.inference.combiners import BuiltCombiners, ScoringContext, Segment, StreamLogits
+from targetlm.inference.progress import progress_bar
 from targetlm.modules.model import LanguageModel
 from targetlm.tasks import LanguageModelingTask, Task
 
@@ -111,7 +112,8 @@ def evaluate_ids(
     totals, count = [0.0] * streams, 0
     log_probs = [torch.empty(len(target_ids) - 1) for _ in range(streams)] if per_token else []
     state = None
-    with _reading_with(model, embedding):
+    bar = progress_bar(len(target_ids) - 1, "tok", "scoring")
+    with _reading_with(model, embedding), bar:
         for batch in batches:
             batch = batch.to(device)
             y = batch.targets  # (B, T)
@@ -122,7 +124,9 @@ def evaluate_ids(
             for combiner in probability:
                 combiner.observe(current)
             valid = y != IGNORE
-            count += int(valid.sum())
+            scored = int(valid.sum())
+            count += scored
+            bar.update(scored)
             done: dict[int, tuple[float, torch.Tensor | None]] = {}  # λ = 0 is the main x̂
             for s, vectors in enumerate(predicted):
                 if id(vectors) not in done:

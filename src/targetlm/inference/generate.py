@@ -26,6 +26,7 @@ import torch
 from targetlm import functional
 from targetlm.data.tokenizers import WhitespaceTokenizer
 from targetlm.data.vocab import Vocabulary
+from targetlm.inference.progress import progress_bar
 from targetlm.inference.speculative import speculative_step
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
@@ -241,34 +242,36 @@ def generate_batch(
     prediction = model(padded[:, :common], None, run_heads=speculative)
     read = common  # tokens read per row (the next column)
     accepted: list[int] = []
-    while not rows.finished:
-        if (
-            speculative
-            and read >= longest  # every row is generating
-            and (context is None or read + n_predictions <= context)  # drafts see full context
-        ):
-            emitted, prediction, k = speculative_step(
-                model, weight, bias, prediction, rows.active(padded.device)
+    with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens
+        while not rows.finished:
+            bar.update(max(len(t) for t in rows.tokens) - bar.n)
+            if (
+                speculative
+                and read >= longest  # every row is generating
+                and (context is None or read + n_predictions <= context)  # drafts see full context
+            ):
+                emitted, prediction, k = speculative_step(
+                    model, weight, bias, prediction, rows.active(padded.device)
+                )
+                for row, tokens in enumerate(emitted.tolist()):
+                    rows.add(row, tokens)
+                read += emitted.size(1)
+                accepted.append(k)
+                continue
+            logits = functional.logits(prediction.main[:, -1], weight, bias)  # (B, V)
+            chosen = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
+            for row, token in enumerate(chosen.tolist()):
+                if read >= len(ids[row]):
+                    rows.add(row, [token])
+            if rows.finished:
+                break
+            if read < longest:  # rows still reading their prompt read its next token instead
+                chosen = torch.where(read < lengths, padded[:, read], chosen)
+            may_speculate = context is None or read + 1 + n_predictions <= context
+            prediction = model(
+                chosen[:, None], prediction.state, run_heads=speculative and may_speculate
             )
-            for row, tokens in enumerate(emitted.tolist()):
-                rows.add(row, tokens)
-            read += emitted.size(1)
-            accepted.append(k)
-            continue
-        logits = functional.logits(prediction.main[:, -1], weight, bias)  # (B, V)
-        chosen = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
-        for row, token in enumerate(chosen.tolist()):
-            if read >= len(ids[row]):
-                rows.add(row, [token])
-        if rows.finished:
-            break
-        if read < longest:  # rows still reading their prompt read its next token instead
-            chosen = torch.where(read < lengths, padded[:, read], chosen)
-        may_speculate = context is None or read + 1 + n_predictions <= context
-        prediction = model(
-            chosen[:, None], prediction.state, run_heads=speculative and may_speculate
-        )
-        read += 1
+            read += 1
     return Generations(
         rows.rows(),
         time.perf_counter() - started,

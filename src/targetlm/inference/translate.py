@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from targetlm import functional
 from targetlm.data.batching import IGNORE
+from targetlm.inference.progress import progress_bar
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel
 from targetlm.modules.seq2seq import DecoderState
@@ -293,13 +294,15 @@ def decode_in_batches(
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        source = pad([sources[i] for i in chunk], 0).to(device)
-        lengths = torch.tensor([len(sources[i]) for i in chunk], device=device)
-        mask = torch.arange(source.size(1), device=device)[None] < lengths[:, None]
-        for i, output in zip(chunk, decode_batch(source, mask, chunk)):
-            outputs[i] = output
+    with progress_bar(len(sources), "sent", "translating") as bar:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            source = pad([sources[i] for i in chunk], 0).to(device)
+            lengths = torch.tensor([len(sources[i]) for i in chunk], device=device)
+            mask = torch.arange(source.size(1), device=device)[None] < lengths[:, None]
+            for i, output in zip(chunk, decode_batch(source, mask, chunk)):
+                outputs[i] = output
+            bar.update(len(chunk))
     model.train(was_training)
     return outputs
 

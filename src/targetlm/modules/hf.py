@@ -21,6 +21,7 @@ with one line saying what to install.
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -82,6 +83,10 @@ class HfEncoder(Encoder):
         self.output_size = body.config.hidden_size
         self.max_context = max_context
         self.kv_cache = True  # False: every segment re-reads its window (benchmarks/generate.py)
+        # the KV cache's keyword: `cache` in current transformers (which warn on the older
+        # `past_key_values` on every call), `past_key_values` before it was renamed
+        parameters = inspect.signature(body.forward).parameters
+        self._cache_keyword = "cache" if "cache" in parameters else "past_key_values"
 
     def forward(self, x: torch.Tensor, state: HfState | None = None):
         segment = x.size(1)
@@ -96,7 +101,10 @@ class HfEncoder(Encoder):
         use_cache = not self.training
         positions = torch.arange(past, past + x.size(1), device=x.device).expand(x.size(0), -1)
         out = self.body(
-            inputs_embeds=x, past_key_values=cache, position_ids=positions, use_cache=use_cache
+            inputs_embeds=x,
+            position_ids=positions,
+            use_cache=use_cache,
+            **{self._cache_keyword: cache},
         )
         hidden = out.last_hidden_state[:, -segment:]
         if not use_cache:
@@ -104,7 +112,8 @@ class HfEncoder(Encoder):
         window = (
             inputs[:, -(self.max_context - 1) :].detach() if self.max_context > 1 else inputs[:, :0]
         )
-        return hidden, HfState(out.past_key_values, window, past + x.size(1))
+        new_cache = out.cache if self._cache_keyword == "cache" else out.past_key_values
+        return hidden, HfState(new_cache, window, past + x.size(1))
 
     def rewind(self, state: HfState, n: int) -> HfState | None:
         """The state as if the last ``n`` tokens had not been read (the cache cropped in place).
@@ -215,9 +224,25 @@ def _from_config(transformers: Any, config: Any, key: str) -> nn.Module:
         ) from None
 
 
+SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
 def _pretrained(transformers: Any, directory: Path) -> nn.Module:
+    """The model of a ``save_pretrained`` directory, from safetensors weights only: a pickled
+    ``pytorch_model.bin`` (which can run code when loaded) is refused before it is opened."""
+    if not any((directory / name).is_file() for name in SAFETENSORS_WEIGHTS):
+        pickled = [name for name in PICKLED_WEIGHTS if (directory / name).is_file()]
+        found = (
+            f"; {pickled[0]} is a pickle and is never loaded" if pickled else ": none found there"
+        )
+        raise ConfigError(
+            f"{directory}: only safetensors weights are read (model.safetensors){found}"
+        )
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.float32, use_safetensors=True
+        )
     except ValueError as error:
         reason = (str(error).splitlines() or ["unreadable"])[0]
         raise ConfigError(
@@ -225,29 +250,37 @@ def _pretrained(transformers: Any, directory: Path) -> nn.Module:
         ) from None
 
 
-def export(model: nn.Module, tokenizer_dir: Path | None, target: Path) -> None:
+def export(
+    model: nn.Module, tokenizer_dir: Path | None, target: Path, replace: bool = False
+) -> None:
     """Write the backbone as a plain Hugging Face directory (``save_pretrained``) with its
-    tokenizer, and the N-gram heads beside it (``heads.safetensors``), atomically."""
+    tokenizer, and the N-gram heads beside it (``heads.safetensors``), atomically: built in a
+    temporary directory beside ``target`` and renamed into place. ``replace``: an existing
+    non-empty ``target`` is replaced (else refused). The directory gets the mode ``mkdir``
+    would give it (``0o777`` less the umask), not ``mkdtemp``'s ``0o700``."""
     from safetensors.torch import save_file
 
     if not isinstance(model.encoder, HfEncoder):
         raise ConfigError("export: the run has no hf backbone (model.backbone.kind = 'hf')")
     pretrained = model.encoder.pretrained[0]
     target = Path(target)
-    if target.exists() and any(target.iterdir()):
+    if target.exists() and any(target.iterdir()) and not replace:
         raise ConfigError(f"export: {target} exists and is not empty")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as tmp:
-        pretrained.save_pretrained(tmp)
+        staging = Path(tmp) / "export"
+        staging.mkdir()  # the umask's mode
+        pretrained.save_pretrained(staging)
         if tokenizer_dir is not None:
             for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
                 if (tokenizer_dir / name).is_file():
-                    shutil.copy(tokenizer_dir / name, Path(tmp) / name)
+                    shutil.copyfile(tokenizer_dir / name, staging / name)
         if model.heads is not None:
             heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
             metadata = {"kind": type(model.heads).__name__, "n": str(model.heads.num_predictions)}
-            save_file(heads, str(Path(tmp) / "heads.safetensors"), metadata=metadata)
-        if target.exists():
-            target.rmdir()
-        shutil.move(tmp, target)
-        Path(tmp).mkdir()
+            save_file(heads, str(staging / "heads.safetensors"), metadata=metadata)
+        if (
+            target.exists()
+        ):  # empty, or replaced: moved into the temporary directory, removed with it
+            target.rename(Path(tmp) / "replaced")
+        staging.rename(target)

@@ -27,6 +27,7 @@ from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.checkpoint import load as load_checkpoint
 from targetlm.config import Config
 from targetlm.data import Vocabulary, load_corpus, with_context_token
+from targetlm.data.datasets import check_training_tokens
 from targetlm.inference.evaluate import evaluate_stream, perplexity
 from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
@@ -145,6 +146,7 @@ class Trainer:
         source (state, vocabulary, where) or None."""
         c = self.config
         self.corpus = load_corpus(c.data)
+        check_training_tokens(c.data, self.corpus)
         self.vocab: Vocabulary = self.corpus.vocab
         source = None
         if c.train.init_from:  # finetuning: the source run's words keep their ids
