@@ -40,6 +40,8 @@ gpu_init() {
   mkdir -p "$OUT_DIR/runs" "$OUT_DIR/logs" "$OUT_DIR/records" || exit 2
   OUT_DIR=$(cd "$OUT_DIR" && pwd)
   export OMP_NUM_THREADS=1
+  # stopped (Ctrl-C, a time limit): stop the runs this pack started too
+  trap 'kill $(jobs -p) 2> /dev/null; exit 130' INT TERM
   RUN_NAMES=() RUN_CONFIGS=() RUN_SETS=()
   echo "$PACK: records in $OUT_DIR/records; device $DEVICE; budget ${BUDGET_S}s$([[ $SMOKE == 1 ]] && echo ' (SMOKE: one step each)')"
 }
@@ -58,7 +60,7 @@ _train_args() {
   shift
   local args=(--set train.device="\"$DEVICE\"" --set train.threads=1 --set train.progress=false)
   read -ra sets <<< "${RUN_SETS[$i]}"
-  [[ $SMOKE == 1 ]] && read -ra smoke_sets <<< "${SMOKE_SETS:-}"
+  [[ $SMOKE == 1 ]] && read -ra smoke_sets -d '' <<< "${SMOKE_SETS:-}"
   for kv in "${sets[@]}" "${smoke_sets[@]}" "$@"; do args+=(--set "$kv"); done
   printf '%s\0' "${args[@]}"
 }
