@@ -34,7 +34,26 @@ def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(
+            f"{path} is empty (0 bytes): an interrupted write or a full disk? It holds no "
+            "checkpoint"
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling errors come in many types
-        raise CheckpointError(f"{path}: unreadable checkpoint ({error})") from None
+        raise CheckpointError(f"{path}: unreadable checkpoint ({_reason(error)})") from None
+
+
+def _reason(error: Exception) -> str:
+    """The cause of a failed ``torch.load`` in one line. Torch's message for a file holding
+    objects other than tensors and plain values advises loading it with ``weights_only=False``,
+    which would run whatever code the file names: only the cause is kept."""
+    message = str(error)
+    if "weights_only" in message or "WeightsUnpickler" in message:
+        cause = message.partition("WeightsUnpickler error:")[2].strip().split(". ")[0]
+        return (
+            f"it holds objects other than tensors and plain values{': ' + cause if cause else ''}"
+            "; targetlm reads only plain state dicts"
+        )
+    return message.strip().splitlines()[0] if message.strip() else type(error).__name__
