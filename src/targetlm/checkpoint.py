@@ -6,6 +6,7 @@ Outside the training package so that a checkpoint is readable without it (``runs
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,20 +41,24 @@ def load(path: str | Path) -> dict[str, Any]:
             "checkpoint"
         )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (torch's note on a pickle protocol it did not write)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling errors come in many types
         raise CheckpointError(f"{path}: unreadable checkpoint ({_reason(error)})") from None
 
 
 def _reason(error: Exception) -> str:
     """The cause of a failed ``torch.load`` in one line. Torch's message for a file holding
-    objects other than tensors and plain values advises loading it with ``weights_only=False``,
-    which would run whatever code the file names: only the cause is kept."""
-    message = str(error)
-    if "weights_only" in message or "WeightsUnpickler" in message:
-        cause = message.partition("WeightsUnpickler error:")[2].strip().split(". ")[0]
-        return (
-            f"it holds objects other than tensors and plain values{': ' + cause if cause else ''}"
-            "; targetlm reads only plain state dicts"
-        )
-    return message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    more than tensors and plain values advises loading it with ``weights_only=False``, which
+    would run whatever code the file names: only its cause is kept."""
+    message = str(error).strip()
+    if "Weights only load failed" not in message:
+        return message.splitlines()[0] if message else type(error).__name__
+    causes = [
+        line.strip()
+        for line in message.splitlines()[1:]
+        if line.strip() and "weights_only" not in line
+    ]
+    cause = causes[0].rstrip(".") if causes else "unsupported content"
+    return f"not a plain state dict: {cause}; targetlm loads tensors and plain values only"
