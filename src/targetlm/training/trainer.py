@@ -184,7 +184,6 @@ class Trainer:
         )
 
     # --- setup ------------------------------------------------------------------------
-
     def _setup(self) -> None:
         c = self.config
         if c.train.threads:
@@ -229,8 +228,9 @@ class Trainer:
         self.vocab: Vocabulary = self.corpus.vocab
         source = None
         if c.train.init_from:  # finetuning: the source run's words keep their ids
-            # a resumed finetuning run has its own (already extended) vocabulary
-            source = None if self.resume else finetune.source_of(c.train.init_from)
+            # a resumed finetuning run has its own (already extended) vocabulary; one that
+            # starts again from step 0 takes the source's weights again
+            source = finetune.source_of(c.train.init_from) if self.restart else None
             base = Vocabulary.load(self.run_dir / runs.VOCAB) if source is None else source[1]
             self.vocab = base.extend(self.corpus.splits[c.data.train])
         ids = {
@@ -307,8 +307,9 @@ class Trainer:
         self._elapsed_before, self._session_start = p["elapsed"], time.perf_counter()
         self.window_nll, self.window_count = p.get("window", (0.0, 0))
         self.checkpoint_step = self.step
-        if self._reached_budget(p):  # e.g. stopped early, then killed before its results
-            self.epoch = max(self.epoch, self.config.train.epochs + 1)
+        stopping = self.config.train.early_stopping
+        if stopping and self.bad_evaluations >= stopping:  # stopped early, then killed
+            self.epoch = self.config.train.epochs + 1
         self.state = checkpoint["state"]
         if self.state is not None:
             self.state = _to_device(self.state, self.device)
@@ -506,7 +507,8 @@ class Trainer:
         Raises:
             RunDirError: another process holds the run directory, or the disk is full (the
                 last good checkpoint is kept).
-            KeyboardInterrupt: a second Ctrl-C (its message says what is kept).
+            KeyboardInterrupt: a second Ctrl-C, or one before training started (its message
+                says what is kept).
         """
         try:
             with self._hold_run_dir():
@@ -524,7 +526,8 @@ class Trainer:
             )
             raise RunDirError(f"{reason} writing {path}; {self._kept()}") from None
         except KeyboardInterrupt:
-            raise KeyboardInterrupt(f"stopped by a second Ctrl-C: {self._kept()}") from None
+            second = "a second " if self.stop_requested else ""
+            raise KeyboardInterrupt(f"stopped by {second}Ctrl-C: {self._kept()}") from None
 
     def _train(self) -> dict[str, Any]:
         self._setup()
