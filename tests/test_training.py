@@ -150,8 +150,9 @@ def test_resume_rejects_a_different_vocabulary(tmp_path):
     checkpoint = load(tmp_path / "run" / "last.pt")
     checkpoint["vocab"]["words"][5] = "not-a-word"
     save_atomic(checkpoint, tmp_path / "run" / "last.pt")
+    longer = config.replace(["train.max_steps=4"])  # (at max_steps 2 the run is finished)
     with pytest.raises(CheckpointError, match="vocabulary"):
-        Trainer(config, tmp_path / "run", resume=True, log=_quiet).train()
+        Trainer(longer, tmp_path / "run", resume=True, log=_quiet).train()
 
 
 def test_early_stopping(tmp_path):

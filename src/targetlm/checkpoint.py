@@ -6,6 +6,7 @@ Outside the training package so that a checkpoint is readable without it (``runs
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,30 @@ def load(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(
+            f"{path} is empty (0 bytes): an interrupted write or a full disk? It holds no "
+            "checkpoint"
+        )
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # (torch's note on a pickle protocol it did not write)
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling errors come in many types
-        raise CheckpointError(f"{path}: unreadable checkpoint ({error})") from None
+        raise CheckpointError(f"{path}: unreadable checkpoint ({_reason(error)})") from None
+
+
+def _reason(error: Exception) -> str:
+    """The cause of a failed ``torch.load`` in one line. Torch's message for a file holding
+    more than tensors and plain values advises loading it with ``weights_only=False``, which
+    would run whatever code the file names: only its cause is kept."""
+    message = str(error).strip()
+    if "Weights only load failed" not in message:
+        return message.splitlines()[0] if message else type(error).__name__
+    causes = [
+        line.strip()
+        for line in message.splitlines()[1:]
+        if line.strip() and "weights_only" not in line
+    ]
+    cause = causes[0].rstrip(".") if causes else "unsupported content"
+    return f"not a plain state dict: {cause}; targetlm loads tensors and plain values only"

@@ -19,7 +19,18 @@ from typing import IO, Any
 
 
 class DiskFullError(OSError):
-    """No space left (or the file-size limit reached) while writing a file; nothing was replaced."""
+    """No space left (or the file-size limit or quota reached) while writing ``path``; nothing
+    was replaced. ``errno`` is ENOSPC, EFBIG or EDQUOT."""
+
+    def __init__(self, code: int, path: str | Path) -> None:
+        reason = {
+            errno.EFBIG: "the file size limit (ulimit -f) was reached",
+            errno.EDQUOT: "the disk quota is exceeded",
+        }.get(code, "no space left on the device")
+        super().__init__(code, reason, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.strerror} writing {self.filename}"
 
 
 def _umask() -> int:
@@ -56,23 +67,24 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[Any]], No
         os.replace(tmp, path)
     except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
-        if _is_disk_full(error):
-            raise DiskFullError(
-                errno.ENOSPC, f"no space left on the device writing {path}"
-            ) from None
+        code = disk_full(error)
+        if code:
+            raise DiskFullError(code, path) from None
         raise
 
 
-def _is_disk_full(error: BaseException) -> bool:
-    """ENOSPC / EFBIG anywhere in the chain (torch.save wraps the OSError in a RuntimeError)."""
+def disk_full(error: BaseException | None) -> int | None:
+    """ENOSPC, EFBIG or EDQUOT when one is anywhere in ``error``'s chain (torch.save wraps the
+    OSError in a RuntimeError), else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            return True
-        if isinstance(error, RuntimeError) and (
-            "No space left" in str(error) or "file size limit" in str(error).lower()
-        ):
-            return True
+            return error.errno
+        if isinstance(error, RuntimeError):
+            if "No space left" in str(error):
+                return errno.ENOSPC
+            if "file size limit" in str(error).lower() or "File too large" in str(error):
+                return errno.EFBIG
         error = error.__cause__ or error.__context__
-    return False
+    return None

@@ -1,6 +1,7 @@
 """The ``targetlm`` command line.
 
     targetlm train CONFIG [--set key=value ...] [--run-dir DIR] [--resume]
+    targetlm train --resume --run-dir DIR [--set key=value ...]   (DIR's own config.toml)
     targetlm finetune RUN_DIR --run-dir NEW_DIR [--set key=value ...] [--resume]
     targetlm eval RUN_DIR [--split valid|test | --file PATH] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
                   [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``targetlm`` on ``argv`` (default ``sys.argv[1:]``); returns the exit status
-    (2: an expected error, printed as one line on stderr; 3: training diverged)."""
+    (2: an expected error, printed as one line on stderr; 3: training diverged; 130: stopped
+    by Ctrl-C, one line without a traceback)."""
     try:
         args = build_parser().parse_args(argv)
         with showing_progress(wanted(args.quiet)):
@@ -93,3 +95,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"targetlm: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as interrupt:
+        print(f"targetlm: {interrupt or 'interrupted'}", file=sys.stderr)
+        return 130

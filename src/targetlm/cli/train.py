@@ -1,4 +1,5 @@
-"""``targetlm train CONFIG``: train a model from a TOML config."""
+"""``targetlm train CONFIG``: train a model from a TOML config; ``targetlm train --resume
+--run-dir R``: continue R from its own ``config.toml``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,22 @@ from pathlib import Path
 
 from targetlm import builders
 from targetlm import config as config_lib
+from targetlm.registry import ConfigError
+from targetlm.rundir import RunDirError
+from targetlm.runs import CONFIG
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm train``; returns the exit status."""
+    if args.config is None:  # the run's own config (--set may change its budget)
+        if not (args.resume and args.run_dir):
+            raise ConfigError(
+                "give a config file (targetlm train CONFIG), or --resume --run-dir R to "
+                "continue the run R"
+            )
+        if not (args.run_dir / CONFIG).is_file():
+            raise RunDirError(f"nothing to resume: {args.run_dir / CONFIG} does not exist")
+        args.config = args.run_dir / CONFIG
     config = builders.load_config(args.config, args.set)
     run_dir = (
         args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -43,7 +56,9 @@ def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``targetlm train`` to the subcommands ``sub``."""
     p = sub.add_parser("train", help="train a model from a TOML config")
-    p.add_argument("config")
+    p.add_argument(
+        "config", nargs="?", help="the TOML config (with --resume: default RUN_DIR/config.toml)"
+    )
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
     )

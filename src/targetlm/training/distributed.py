@@ -41,6 +41,7 @@ implemented: every rank holds the whole model.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from collections.abc import Iterator, Sequence
@@ -483,9 +484,17 @@ class DistributedTraining:
         if self.ranks.main:
             super()._write_metrics(record)  # type: ignore[misc]
 
-    def _forget_later_metrics(self) -> None:
+    def _forget_later_metrics(self, count: int | None) -> None:
         if self.ranks.main:
-            super()._forget_later_metrics()  # type: ignore[misc]
+            super()._forget_later_metrics(count)  # type: ignore[misc]
+
+    @contextlib.contextmanager
+    def _hold_run_dir(self) -> Iterator[None]:
+        if not self.ranks.main:  # rank 0 holds the lock for the job
+            yield
+            return
+        with super()._hold_run_dir():  # type: ignore[misc]
+            yield
 
     def _save_best(self, valid_ppl: float) -> None:
         if self.ranks.main:

@@ -8,6 +8,7 @@ never interrupted (on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -21,17 +22,19 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from targetlm import builders, runs
+from targetlm import builders, rundir, runs
 from targetlm import config as config_lib
 from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.checkpoint import load as load_checkpoint
 from targetlm.config import Config
 from targetlm.data import Vocabulary, load_corpus, with_context_token
 from targetlm.data.datasets import check_training_tokens
+from targetlm.files import DiskFullError, atomic_write, disk_full
 from targetlm.inference.evaluate import evaluate_stream, perplexity
 from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
+from targetlm.rundir import RunDirError
 from targetlm.tasks import TASKS, Batch, Task
 from targetlm.training import finetune
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
@@ -50,8 +53,15 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-class RunDirError(RuntimeError):
-    """The run directory cannot be used as asked (it would clobber a run, or there is nothing to resume)."""
+# what a run that stopped before its first last.pt leaves (it can be started again)
+BEFORE_FIRST_CHECKPOINT = {runs.CONFIG, runs.VOCAB, runs.TOKENIZER, runs.METRICS, runs.BEST}
+
+
+def _changed_keys(saved: dict, current: dict) -> set[str]:
+    """The keys of two configs (as dicts) whose values differ, beyond RESUMABLE_CHANGES."""
+    saved, current = _flatten(saved), _flatten(current)
+    changed = {key for key in saved.keys() | current.keys() if saved.get(key) != current.get(key)}
+    return changed - RESUMABLE_CHANGES
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
@@ -83,30 +93,98 @@ class Trainer:
         self.resume = resume
         self.log = log
         self.stop_requested = False
+        self.checkpoint_step: int | None = None  # the step last.pt holds (None: none yet)
+        self.metrics_records = 0  # records in metrics.jsonl (last.pt keeps their count)
+        rundir.check_unlocked(self.run_dir)
         self._check_run_dir()
 
-    # --- setup ------------------------------------------------------------------------
+    # --- the run directory ------------------------------------------------------------
     def _check_run_dir(self) -> None:
+        """Refuse a run directory that cannot be used as asked (reads only). Sets
+        ``self.restart``: no last.pt yet, training starts at step 0 (a new run, or one that
+        stopped before its first checkpoint); ``self.finished_results``: a resumed run that
+        has already finished (its results.json)."""
+        self.restart, self.finished_results = not self.resume, None
+        files = {p.name for p in self.run_dir.iterdir()} if self.run_dir.is_dir() else set()
+        files = {f for f in files if f != rundir.LOCK and not _temporary(f)}
+        stuck = runs.CONFIG in files and runs.LAST not in files
+        stuck = stuck and files <= BEFORE_FIRST_CHECKPOINT
         if self.resume:
-            if not (self.run_dir / runs.LAST).is_file():
-                raise RunDirError(f"nothing to resume: {self.run_dir / runs.LAST} does not exist")
-            saved = _flatten(config_lib.load(self.run_dir / runs.CONFIG).to_dict())
-            current = _flatten(self.config.to_dict())
-            changed = {
-                key for key in saved.keys() | current.keys() if saved.get(key) != current.get(key)
-            }
-            if changed - RESUMABLE_CHANGES:
+            if runs.CONFIG not in files:
+                raise RunDirError(f"nothing to resume: {self.run_dir / runs.CONFIG} does not exist")
+            self._check_same_config(runs.CONFIG, config_lib.load(self.run_dir / runs.CONFIG))
+            if runs.LAST not in files:
+                if not stuck:
+                    raise RunDirError(
+                        f"nothing to resume: {self.run_dir / runs.LAST} does not exist"
+                    )
+                self.restart = True
+            elif runs.RESULTS in files and self._reached_budget(
+                load_checkpoint(self.run_dir / runs.LAST)["progress"]
+            ):
+                self.finished_results = json.loads((self.run_dir / runs.RESULTS).read_text())
+        elif stuck:  # the same run again, from step 0
+            saved = config_lib.load(self.run_dir / runs.CONFIG)
+            if _changed_keys(saved.to_dict(), self.config.to_dict()):
                 raise RunDirError(
-                    f"cannot resume {self.run_dir} with a different config: "
-                    f"{', '.join(sorted(changed - RESUMABLE_CHANGES))} changed "
-                    f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change)"
+                    f"run directory {self.run_dir} holds a run that stopped before its first "
+                    f"checkpoint, with another config ({self._changes(saved)} differ); restart "
+                    f"it with `targetlm train --resume --run-dir {self.run_dir}` or choose "
+                    "another --run-dir"
                 )
-        elif self.run_dir.exists() and any(self.run_dir.iterdir()):
+        elif files:
             raise RunDirError(
                 f"run directory {self.run_dir} exists and is not empty; "
                 "pass --resume to continue it or choose another --run-dir"
             )
 
+    def _check_same_config(self, where: str, saved: Config | dict) -> None:
+        """Refuse a run whose ``where`` (config.toml, last.pt) holds another config than
+        this one (beyond RESUMABLE_CHANGES)."""
+        saved = saved.to_dict() if isinstance(saved, Config) else saved
+        if _changed_keys(saved, self.config.to_dict()):
+            raise RunDirError(
+                f"cannot resume {self.run_dir} with a different config: "
+                f"{self._changes(saved)} changed from its {where} "
+                f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change)"
+            )
+
+    def _changes(self, saved: Config | dict) -> str:
+        saved = saved.to_dict() if isinstance(saved, Config) else saved
+        return ", ".join(sorted(_changed_keys(saved, self.config.to_dict())))
+
+    def _reached_budget(self, progress: dict[str, Any]) -> bool:
+        """Whether a run at ``progress`` (last.pt's) has nothing left to train."""
+        c = self.config.train
+        return (
+            progress["epoch"] > c.epochs
+            or bool(c.max_steps and progress["step"] >= c.max_steps)
+            or bool(c.early_stopping and progress["bad_evaluations"] >= c.early_stopping)
+        )
+
+    @contextlib.contextmanager
+    def _hold_run_dir(self) -> Any:
+        """Hold the run directory's lock while training: checked again under it, stale
+        temporary files removed. (Under ``torchrun`` rank 0 alone holds it.)"""
+        with rundir.RunLock(self.run_dir, self.log):
+            self._check_run_dir()
+            for path in rundir.remove_stale_temporaries(self.run_dir):
+                self.log(f"removed {path.name}, left by an interrupted write")
+            yield
+
+    def _kept(self) -> str:
+        """What the run directory keeps after a failure, for its message."""
+        if self.checkpoint_step is None:
+            return (
+                "no checkpoint was written; the run directory can be restarted with "
+                f"`targetlm train --resume --run-dir {self.run_dir}`"
+            )
+        return (
+            f"the last good checkpoint (step {self.checkpoint_step}) is kept in "
+            f"{self.run_dir / runs.LAST}"
+        )
+
+    # --- setup ------------------------------------------------------------------------
     def _setup(self) -> None:
         c = self.config
         if c.train.threads:
@@ -139,6 +217,8 @@ class Trainer:
         self.best_valid, self.bad_evaluations = math.inf, 0
         self._elapsed_before, self._session_start = 0.0, time.perf_counter()
         self.state: Any = None
+        # the train records' window: summed NLL and targets since the last record
+        self.window_nll, self.window_count = 0.0, 0
 
     # --- the data: what a task subclass (translation) replaces -------------------------
     def _load_data(self) -> Any:
@@ -150,8 +230,9 @@ class Trainer:
         self.vocab: Vocabulary = self.corpus.vocab
         source = None
         if c.train.init_from:  # finetuning: the source run's words keep their ids
-            # a resumed finetuning run has its own (already extended) vocabulary
-            source = None if self.resume else finetune.source_of(c.train.init_from)
+            # a resumed finetuning run has its own (already extended) vocabulary; one that
+            # starts again from step 0 takes the source's weights again
+            source = finetune.source_of(c.train.init_from) if self.restart else None
             base = Vocabulary.load(self.run_dir / runs.VOCAB) if source is None else source[1]
             self.vocab = base.extend(self.corpus.splits[c.data.train])
         ids = {
@@ -198,13 +279,19 @@ class Trainer:
         }
 
     def _start_run_dir(self) -> None:
+        if self.resume:
+            self.log(f"{self.run_dir}: no checkpoint yet: starting from step 0")
+        elif (self.run_dir / runs.CONFIG).is_file():
+            self.log(f"{self.run_dir}: no checkpoint yet: starting the run again from step 0")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / runs.CONFIG).write_text(config_lib.dumps(self.config), encoding="utf-8")
+        atomic_write(self.run_dir / runs.CONFIG, config_lib.dumps(self.config))
         self.vocab.save(self.run_dir / runs.VOCAB)
-        (self.run_dir / runs.METRICS).write_text("", encoding="utf-8")
+        atomic_write(self.run_dir / runs.METRICS, "")
 
     def _restore(self) -> None:
         checkpoint = load_checkpoint(self.run_dir / runs.LAST)
+        if "config" in checkpoint:
+            self._check_same_config(runs.LAST, checkpoint["config"])
         saved_vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
         if saved_vocab != self.vocab:
             raise CheckpointError(
@@ -220,6 +307,11 @@ class Trainer:
         self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
         self.best_valid, self.bad_evaluations = p["best_valid"], p["bad_evaluations"]
         self._elapsed_before, self._session_start = p["elapsed"], time.perf_counter()
+        self.window_nll, self.window_count = p.get("window", (0.0, 0))
+        self.checkpoint_step = self.step
+        stopping = self.config.train.early_stopping
+        if stopping and self.bad_evaluations >= stopping:  # stopped early, then killed
+            self.epoch = self.config.train.epochs + 1
         self.state = checkpoint["state"]
         if self.state is not None:
             self.state = _to_device(self.state, self.device)
@@ -229,18 +321,26 @@ class Trainer:
             )
         torch.set_rng_state(checkpoint["rng"]["torch"])
         random.setstate(_as_tuple(checkpoint["rng"]["python"]))
-        self._forget_later_metrics()
+        self._forget_later_metrics(p.get("metrics_records"))
         self.log(f"resumed {self.run_dir} at epoch {self.epoch}, step {self.step}")
 
-    def _forget_later_metrics(self) -> None:
-        """Drop the metrics logged after the restored step: they will be logged again."""
+    def _forget_later_metrics(self, count: int | None) -> None:
+        """Keep the first ``count`` records of metrics.jsonl, those logged before the restored
+        checkpoint was written (a checkpoint without the count: those up to its step); the
+        rest will be logged again. Rewritten atomically."""
         metrics = self.run_dir / runs.METRICS
-        kept = [
-            line
-            for line in metrics.read_text(encoding="utf-8").splitlines()
-            if line and json.loads(line)["step"] <= self.step
-        ]
-        metrics.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        records = rundir.read_metrics(metrics, self.log)
+        if count is None:
+            kept = [r for r in records if r["step"] <= self.step]
+        else:
+            if len(records) < count:
+                self.log(
+                    f"warning: {metrics} has {len(records)} records, {count} when "
+                    f"{runs.LAST} was written"
+                )
+            kept = records[:count]
+        atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
+        self.metrics_records = len(kept)
 
     def _checkpoint(self) -> None:
         save_atomic(
@@ -255,6 +355,8 @@ class Trainer:
                     "best_valid": self.best_valid,
                     "bad_evaluations": self.bad_evaluations,
                     "elapsed": self.elapsed,
+                    "window": (self.window_nll, self.window_count),
+                    "metrics_records": self.metrics_records,
                 },
                 "state": state_to_list(detach_state(self.state)),
                 "rng": {"torch": torch.get_rng_state(), "python": _as_list(random.getstate())},
@@ -264,6 +366,7 @@ class Trainer:
             },
             self.run_dir / runs.LAST,
         )
+        self.checkpoint_step = self.step
 
     def _cached_modules(self) -> list[tuple[str, nn.Module]]:
         """Modules with training-time state outside their state_dict (``training_cache()``)."""
@@ -282,8 +385,8 @@ class Trainer:
         )
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
-        with open(self.run_dir / runs.METRICS, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        rundir.append_metrics(self.run_dir / runs.METRICS, record)
+        self.metrics_records += 1
 
     # --- the loop ---------------------------------------------------------------------
     def _order(self) -> list[int]:
@@ -337,7 +440,7 @@ class Trainer:
             if not math.isfinite(loss):
                 raise TrainingDiverged(
                     f"loss is {loss} at step {self.step + 1} (epoch {self.epoch}); training "
-                    f"stopped. The last good checkpoint is kept in {self.run_dir}"
+                    f"stopped: {self._kept()}"
                 )
             scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
             if out.loss.requires_grad:  # (nothing trains in a base model's heads-only steps)
@@ -400,12 +503,40 @@ class Trainer:
         )
 
     def train(self) -> dict[str, Any]:
-        """Run to the end of the budget; returns the final results (also written to the run dir)."""
+        """Run to the end of the budget; returns the final results (also written to the run
+        dir), or those of a resumed run that had already finished (nothing is written).
+
+        Raises:
+            RunDirError: another process holds the run directory, or the disk is full (the
+                last good checkpoint is kept).
+            KeyboardInterrupt: a second Ctrl-C, or one before training started (its message
+                says what is kept).
+        """
+        try:
+            with self._hold_run_dir():
+                if self.finished_results is not None:
+                    self.log(f"{self.run_dir} is finished ({runs.RESULTS}); nothing to resume")
+                    return self.finished_results
+                return self._train()
+        except OSError as error:
+            code = disk_full(error)
+            if not code:
+                raise
+            path = Path(error.filename or self.run_dir)
+            reason = DiskFullError(code, path).strerror.replace(
+                "the device", rundir.device_of(path)
+            )
+            raise RunDirError(f"{reason} writing {path}; {self._kept()}") from None
+        except KeyboardInterrupt:
+            second = "a second " if self.stop_requested else ""
+            raise KeyboardInterrupt(f"stopped by {second}Ctrl-C: {self._kept()}") from None
+
+    def _train(self) -> dict[str, Any]:
         self._setup()
-        if self.resume:
-            self._restore()
-        else:
+        if self.restart:
             self._start_run_dir()
+        else:
+            self._restore()
         c = self.config.train
         previous = signal.signal(signal.SIGINT, self._on_interrupt) if _main_thread() else None
         try:
@@ -428,13 +559,13 @@ class Trainer:
         return self.epoch > self.config.train.epochs
 
     def _on_interrupt(self, signum, frame) -> None:
-        if self.stop_requested:  # a second Ctrl-C: stop now
+        if self.stop_requested:  # a second Ctrl-C: stop now (train() says what is kept)
             raise KeyboardInterrupt
         self.stop_requested = True
 
     def _loop(self) -> None:
         c = self.config.train
-        log_nll, log_count, log_start = 0.0, 0, time.perf_counter()
+        log_start, timed_tokens = time.perf_counter(), 0  # (this session's, for tok_s)
         while self.epoch <= c.epochs:
             order = self._order()
             bar = tqdm(
@@ -458,18 +589,21 @@ class Trainer:
                 nll, count = self.train_step(batch, lr)
                 self.step += 1
                 self.batch_index += len(group)
-                log_nll, log_count = log_nll + nll, log_count + count
+                self.window_nll += nll
+                self.window_count += count
+                timed_tokens += count
                 bar.update(len(group))
                 if self.step % c.log_every == 0:
                     seconds = time.perf_counter() - log_start
+                    loss = self.window_nll / self.window_count
                     record = {
                         "kind": "train",
                         "step": self.step,
                         "epoch": self.epoch,
                         "lr": lr,
-                        "loss": log_nll / log_count,
-                        "ppl": perplexity(log_nll / log_count),
-                        "tok_s": log_count / max(seconds, 1e-9),
+                        "loss": loss,
+                        "ppl": perplexity(loss),
+                        "tok_s": timed_tokens / max(seconds, 1e-9),
                     }
                     self._write_metrics(record)
                     bar.set_postfix(
@@ -478,7 +612,8 @@ class Trainer:
                         tok_s=f"{record['tok_s']:.0f}",
                         lr=f"{lr:.3g}",
                     )
-                    log_nll, log_count, log_start = 0.0, 0, time.perf_counter()
+                    self.window_nll, self.window_count = 0.0, 0
+                    log_start, timed_tokens = time.perf_counter(), 0
                 if c.eval_every and self.step % c.eval_every == 0:
                     stop = self._validate()
                     self._checkpoint()
@@ -525,15 +660,18 @@ class Trainer:
             steps=self.step,
             vocab_size=len(self.vocab),
         )
-        (self.run_dir / runs.RESULTS).write_text(
-            json.dumps(results, indent=2) + "\n", encoding="utf-8"
-        )
+        atomic_write(self.run_dir / runs.RESULTS, json.dumps(results, indent=2) + "\n")
         write_report(self.run_dir, self.config, results)
         self.log(
             f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f} "
             f"| {results['total_params']:,} parameters | {wall_time:.0f} s | report: {self.run_dir / runs.REPORT}"
         )
         return results
+
+
+def _temporary(name: str) -> bool:
+    """Whether ``name`` is an atomic write's temporary file (``.NAME.*.tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 def _main_thread() -> bool:
