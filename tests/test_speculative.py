@@ -371,3 +371,21 @@ def test_heads_trained_for_another_body_name_the_tensor_and_both_shapes():
         load_state_into(small, wide.state_dict(), VOCAB, "run")
     except CheckpointError as error:
         assert "(16, 16) here" in str(error) and "\n" not in str(error)
+
+
+def test_cli_speculative_lookup_prints_the_greedy_text(tmp_path, capsys):
+    from test_cli import assert_one_error, train_args
+
+    from targetlm.cli import main
+
+    run = tmp_path / "run"
+    assert main(train_args(run)) == 0  # no heads: lookup needs none
+    capsys.readouterr()
+    args = ["generate", str(run), "--prompt", "the", "--max-tokens", "12", "--temperature", "0"]
+    assert main(args) == 0
+    greedy = capsys.readouterr().out
+    assert main([*args, "--speculative", "lookup"]) == 0
+    out, err = capsys.readouterr()
+    assert out == greedy and "accepted per verification step" in err
+    rc = main([*args, "--speculative", "tree"])
+    assert rc == 2 and "one of heads, lookup, both" in assert_one_error(capsys, rc)
