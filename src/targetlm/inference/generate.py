@@ -57,8 +57,9 @@ class Generations:
 
     rows: one :class:`Generation` per prompt, in order. seconds: the batch's wall time,
     reading the prompts included. acceptance: with ``speculative``, the mean number of drafted
-    tokens accepted per verification step (0..N−1; None without speculation, or when no step
-    could speculate); verifications: how many such steps ran.
+    tokens a row accepted per verification step (0..k, averaged over the rows each step
+    verified; None without speculation, or when no step drafted); verifications: how many
+    steps drafted.
     """
 
     rows: list[Generation]
