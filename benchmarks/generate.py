@@ -47,12 +47,16 @@ from targetlm.runs import load_run
 PROMPT_TOKENS = 16
 
 
-def training_config(steps: int, context: int, seed: int, heads: str = "wdr") -> dict:
+def training_config(
+    steps: int, context: int, seed: int, heads: str = "wdr", corpus: str | None = None
+) -> dict:
     """A small pre-LN Transformer (d 128, 2 layers) with ``heads`` heads (default WDR), N = 4,
     trained on independent blocks of the whole window (every position of it is trained)."""
     data = {"name": "synthetic", "batch_size": 4, "bptt": context, "shuffle": True}
-    if os.environ.get("TARGETLM_DATA") and (Path(os.environ["TARGETLM_DATA"]) / "ptb").is_dir():
-        data = {**data, "name": "ptb"}
+    if corpus is None and os.environ.get("TARGETLM_DATA"):
+        corpus = "ptb" if (Path(os.environ["TARGETLM_DATA"]) / "ptb").is_dir() else None
+    if corpus is not None:
+        data = {**data, "name": corpus}
     return {
         "data": data,
         "model": {
@@ -85,10 +89,18 @@ def training_config(steps: int, context: int, seed: int, heads: str = "wdr") -> 
     }
 
 
-def train_model(steps: int, context: int, seed: int, run_dir: Path, heads: str = "wdr") -> Path:
+def train_model(
+    steps: int,
+    context: int,
+    seed: int,
+    run_dir: Path,
+    heads: str = "wdr",
+    corpus: str | None = None,
+) -> Path:
+    """Train :func:`training_config` (``corpus`` None: PTB when ``$TARGETLM_DATA`` has it)."""
     from targetlm.training.distributed import trainer_for
 
-    config = builders.config_from_dict(training_config(steps, context, seed, heads))
+    config = builders.config_from_dict(training_config(steps, context, seed, heads, corpus))
     started = time.perf_counter()
     results = trainer_for(config)(config, run_dir, log=lambda m: None).train()
     print(

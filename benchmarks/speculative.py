@@ -10,7 +10,8 @@ rotating order after one warm-up round; the median is reported with the spread (
 The model: a trained run (``--run DIR``, a Transformer or hf backbone with heads), or a small
 pre-LN Transformer (d 128, 2 layers) with ``--heads`` heads (N = 4) trained here for
 ``--train-steps`` steps on PTB when ``$TARGETLM_DATA`` holds it, else the synthetic corpus.
-``--quick``: 300 training steps, 64 new tokens, 3 rounds (a few minutes on 2 cores).
+``--quick``: 300 training steps on the synthetic corpus (a small vocabulary: PTB's 10k-word
+logit layer under the N-gram loss costs about a second a step), 64 new tokens, 3 rounds.
 
     python benchmarks/speculative.py --quick
     python benchmarks/speculative.py [--run DIR] [--heads medusa] [--train-steps 1500]
@@ -69,8 +70,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     context = 24 + 1 + args.new_tokens + 8  # the longest prompt, its <eos>, new tokens, a draft
     with tempfile.TemporaryDirectory() as scratch:
+        corpus = "synthetic" if args.quick else None
         run = args.run or train_model(
-            args.train_steps, context, args.seed, Path(scratch) / "run", args.heads
+            args.train_steps, context, args.seed, Path(scratch) / "run", args.heads, corpus
         )
         config, vocab, model, _ = load_run(run)
     model.eval()
