@@ -26,6 +26,7 @@ Prints a table with ratios against (b) and one line ``JSON {...}``.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -46,12 +47,16 @@ from targetlm.runs import load_run
 PROMPT_TOKENS = 16
 
 
-def training_config(steps: int, context: int, seed: int) -> dict:
-    """A small pre-LN Transformer (d 128, 2 layers) with WDR heads, N = 4, trained on
-    independent blocks of the whole window (every position of it is trained)."""
+def training_config(
+    steps: int, context: int, seed: int, heads: str = "wdr", corpus: str | None = None
+) -> dict:
+    """A small pre-LN Transformer (d 128, 2 layers) with ``heads`` heads (default WDR), N = 4,
+    trained on independent blocks of the whole window (every position of it is trained)."""
     data = {"name": "synthetic", "batch_size": 4, "bptt": context, "shuffle": True}
-    if os.environ.get("TARGETLM_DATA") and (Path(os.environ["TARGETLM_DATA"]) / "ptb").is_dir():
-        data = {**data, "name": "ptb"}
+    if corpus is None and os.environ.get("TARGETLM_DATA"):
+        corpus = "ptb" if (Path(os.environ["TARGETLM_DATA"]) / "ptb").is_dir() else None
+    if corpus is not None:
+        data = {**data, "name": corpus}
     return {
         "data": data,
         "model": {
@@ -66,7 +71,7 @@ def training_config(steps: int, context: int, seed: int) -> dict:
                 "norm": "pre",
             },
             "output": {"kind": "tied"},
-            "heads": {"kind": "wdr", "n": 4},
+            "heads": {"kind": heads, "n": 4},
         },
         "objective": {"kind": "cross_entropy"},
         "train": {
@@ -84,10 +89,18 @@ def training_config(steps: int, context: int, seed: int) -> dict:
     }
 
 
-def train_model(steps: int, context: int, seed: int, run_dir: Path) -> Path:
+def train_model(
+    steps: int,
+    context: int,
+    seed: int,
+    run_dir: Path,
+    heads: str = "wdr",
+    corpus: str | None = None,
+) -> Path:
+    """Train :func:`training_config` (``corpus`` None: PTB when ``$TARGETLM_DATA`` has it)."""
     from targetlm.training.distributed import trainer_for
 
-    config = builders.config_from_dict(training_config(steps, context, seed))
+    config = builders.config_from_dict(training_config(steps, context, seed, heads, corpus))
     started = time.perf_counter()
     results = trainer_for(config)(config, run_dir, log=lambda m: None).train()
     print(
@@ -99,8 +112,9 @@ def train_model(steps: int, context: int, seed: int, run_dir: Path) -> Path:
 
 def with_heads(model: LanguageModel, n: int) -> LanguageModel:
     """The same model (shared modules) with its first n − 1 heads only."""
-    first = model.heads.mlps[0][0]  # Linear(d, hidden)
-    smaller = type(model.heads)(first.in_features, n, first.out_features)
+    smaller = copy.copy(model.heads)  # any head kind: its per-head modules are ``mlps``
+    smaller._modules = dict(smaller._modules)
+    smaller.num_predictions = n
     smaller.mlps = torch.nn.ModuleList(list(model.heads.mlps)[: n - 1])  # the same modules
     sub = LanguageModel(model.embedding, model.encoder, model.output, smaller)
     sub.projection = model.projection

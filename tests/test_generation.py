@@ -1,6 +1,6 @@
 """Generation: the Transformer's KV cache equals recomputing its window, rewinding a state,
-greedy self-speculative decoding equals greedy decoding, sampling options, stop strings, and
-``targetlm generate`` end to end on tiny trained runs."""
+sampling options, stop strings, and ``targetlm generate`` end to end on tiny trained runs
+(speculative decoding: tests/test_speculative.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from test_cli import assert_one_error, train_args
 from targetlm.cli import main
 from targetlm.config import ComponentConfig
 from targetlm.data import Vocabulary
-from targetlm.inference import speculative
 from targetlm.inference.generate import (
     GenerationError,
     generate,
@@ -145,88 +144,6 @@ def test_rewinding_a_cached_state_equals_not_reading_the_tokens():
     # a slid window lost the tokens before it: no rewind
     _, slid = encoder(torch.randn(2, 4, 8), read_nine)
     assert isinstance(slid, torch.Tensor) and encoder.rewind(slid, 1) is None
-
-
-# --- self-speculative decoding --------------------------------------------------------------
-
-LM_ENCODERS = sorted(ENCODER_OPTIONS)  # the registered encoders without the conditional ones
-
-
-@pytest.mark.parametrize("encoder", LM_ENCODERS)
-@pytest.mark.parametrize("heads", ["simple", "wdr"])
-@pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("batch", [1, 3])
-def test_speculative_decoding_equals_greedy(encoder, heads, n, batch):
-    """Random heads are mostly wrong, so any wrongly accepted draft would change the text; the
-    Transformer's window (24) slides before the end."""
-    model = lm(encoder, heads, n, seed=n)
-    prompts = PROMPTS[:batch]
-    greedy = generate_batch(model, VOCAB, prompts, max_tokens=40, temperature=0)
-    fast = generate_batch(model, VOCAB, prompts, max_tokens=40, temperature=0, speculative=True)
-    assert [r.tokens for r in fast.rows] == [r.tokens for r in greedy.rows]
-    assert all(len(r.tokens) == 40 for r in fast.rows)
-    assert fast.verifications > 0 and 0 <= fast.acceptance <= n - 1
-    assert greedy.acceptance is None
-
-
-@pytest.mark.parametrize("encoder", LM_ENCODERS)
-@pytest.mark.parametrize("corrupt", [False, True])
-def test_speculation_keeps_exactly_the_correct_drafts(encoder, corrupt, monkeypatch):
-    """Drafts made from greedy's own continuation are all accepted; a wrong draft at a random
-    place in a row cuts the step there for every row (the smallest accepted length) and the
-    text is still greedy's (a verification that accepted it would put it into the text)."""
-    n, max_tokens = 4, 30
-    model = lm(encoder, "simple", n, seed=1)
-    prompts = [["w1", "w2"], ["w3", "w4"]]
-    greedy = generate_batch(model, VOCAB, prompts, max_tokens + n, temperature=0).rows
-    truth = torch.stack([VOCAB.encode(row.tokens) for row in greedy])  # (2, max_tokens + n)
-    accepted: list[int] = []  # k of every step so far
-    expected: list[int] = []
-    rng = torch.Generator().manual_seed(0)
-    real_draft, real_step = speculative.draft, generate_module.speculative_step
-
-    def oracle(model, weight, bias, predicted, raw):
-        drafted = real_draft(model, weight, bias, predicted, raw)
-        position = sum(k + 1 for k in accepted)
-        proposal = truth[:, position : position + n].clone()
-        assert torch.equal(drafted[:, 0], proposal[:, 0])  # d_0 is greedy's own token
-        wrong = torch.randint(1, n + 1, (2,), generator=rng) if corrupt else torch.tensor([n, n])
-        for row, column in enumerate(wrong.tolist()):
-            if column < n:
-                proposal[row, column] = (proposal[row, column] + 1) % V
-        expected.append(int(wrong.min()) - 1)
-        return proposal
-
-    def step(*args):
-        emitted, prediction, k = real_step(*args)
-        accepted.append(k)
-        return emitted, prediction, k
-
-    monkeypatch.setattr(speculative, "draft", oracle)
-    monkeypatch.setattr(generate_module, "speculative_step", step)
-    out = generate_batch(
-        model, VOCAB, prompts, max_tokens=max_tokens, temperature=0, speculative=True
-    )
-    assert [row.tokens for row in out.rows] == [row.tokens[:max_tokens] for row in greedy]
-    assert accepted == expected
-    if not corrupt:
-        assert out.acceptance == n - 1
-
-
-def test_the_lstm_is_re_read_after_a_rejection(monkeypatch):
-    """An encoder without rewind reads the accepted tokens again from the saved state."""
-    model = lm("lstm", "simple", 3)
-    reads = []
-    forward = type(model).forward
-
-    def counted(self, tokens, state=None, **kwargs):
-        reads.append(tokens.size(1))
-        return forward(self, tokens, state, **kwargs)
-
-    monkeypatch.setattr(type(model), "forward", counted)
-    out = generate_batch(model, VOCAB, [["w1"]], max_tokens=10, temperature=0, speculative=True)
-    assert out.acceptance < 2  # random heads: some drafts rejected ...
-    assert any(0 < r < 3 for r in reads[1:])  # ... so a short re-read happened
 
 
 # --- sampling, stop strings, options --------------------------------------------------------

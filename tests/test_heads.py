@@ -18,14 +18,14 @@ from targetlm.config import ComponentConfig
 from targetlm.data import StreamBatches
 from targetlm.inference import evaluate_ensemble, evaluate_stream
 from targetlm.inference.ensemble import ensemble_predictions
-from targetlm.modules import build_model
+from targetlm.modules import HEADS, build_model
 from targetlm.modules.model import Prediction
 from targetlm.objectives import CrossEntropyObjective, NgramLoss, build_objective
 from targetlm.registry import ConfigError
 from targetlm.training import Trainer
 
 V = 30
-KINDS = ["simple", "wdr"]
+KINDS = sorted(HEADS.names())  # every registered head kind
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +129,7 @@ def test_heads_config_errors():
         tiny_config(**{"model.heads": '{kind = "none", n = 3}'})
     with pytest.raises(ConfigError, match=r"model.heads.n: 0 is not in \[1, 64\]"):
         tiny_config(**{"model.heads": '{kind = "wdr", n = 0}'})
-    with pytest.raises(ConfigError, match="available: simple, wdr"):
+    with pytest.raises(ConfigError, match="available: medusa, simple, wdr"):
         tiny_config(**{"model.heads": '{kind = "wrd"}'})
 
 

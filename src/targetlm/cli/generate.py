@@ -2,8 +2,9 @@
 
 Several ``--prompt`` (or ``--prompt-file``, one prompt a line) are continued in one batch;
 greedy (``--temperature 0``) or sampled (``--top-k``, ``--top-p``, ``--seed``), each row ending
-at ``--max-tokens`` or a ``--stop`` string; ``--speculative`` is greedy decoding drafted by the
-run's N-gram heads (the same text, fewer forwards). Prints each prompt with its continuation,
+at ``--max-tokens`` or a ``--stop`` string; ``--speculative [heads|lookup|both]`` is greedy
+decoding drafted by the run's N-gram heads, prompt lookup or both (the same text, fewer
+forwards). Prints each prompt with its continuation,
 or with ``--json`` one list of ``{prompt, text, tokens, tokens_per_s, stopped}`` objects (the
 continuation only in ``text``; ``tokens`` generated, over the batch's wall time in
 ``tokens_per_s``; with ``--speculative`` also ``acceptance``, the batch's mean number of
@@ -116,8 +117,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--speculative",
-        action="store_true",
-        help="greedy self-speculative decoding with the run's N-gram heads (--temperature 0)",
+        nargs="?",
+        const="heads",
+        metavar="{heads,lookup,both}",
+        help="greedy speculative decoding (--temperature 0), drafted by the run's N-gram heads "
+        "(heads, the default), prompt lookup (lookup: the tokens that followed the last "
+        "n-gram's latest earlier occurrence) or both (lookup where it matches, else the heads)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON list, one object a prompt")
     add_quiet_option(p)

@@ -11,8 +11,8 @@ A next token is the argmax (temperature 0) or a sample of ``softmax(logits / tem
 restricted to the ``top_k`` most likely tokens and then to the nucleus (Holtzman et al. 2020:
 the fewest most likely tokens whose probability reaches ``top_p``). A row ends after
 ``max_tokens`` tokens or when its decoded continuation contains a stop string (cut off there).
-``speculative`` (greedy only) drafts with the N-gram heads (``inference/speculative.py``): the
-same output, fewer forwards.
+``speculative`` (greedy only) drafts with the N-gram heads, prompt lookup or both
+(``inference/speculative.py``): the same output, fewer forwards.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from targetlm import functional
 from targetlm.data.tokenizers import WhitespaceTokenizer
 from targetlm.data.vocab import Vocabulary
 from targetlm.inference.progress import progress_bar
-from targetlm.inference.speculative import speculative_step
+from targetlm.inference.speculative import DRAFTERS, speculative_decode
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
 
@@ -58,8 +58,9 @@ class Generations:
 
     rows: one :class:`Generation` per prompt, in order. seconds: the batch's wall time,
     reading the prompts included. acceptance: with ``speculative``, the mean number of drafted
-    tokens accepted per verification step (0..N−1; None without speculation, or when no step
-    could speculate); verifications: how many such steps ran.
+    tokens a row accepted per verification step (0..k, averaged over the rows each step
+    verified; None without speculation, or when no step drafted); verifications: how many
+    steps drafted.
     """
 
     rows: list[Generation]
@@ -118,6 +119,7 @@ class _Continuations:
         self.max_tokens = max_tokens
         self.stop = [s for s in stop if s]
         self.tokens: list[list[str]] = [[] for _ in prompts]
+        self.ids: list[list[int]] = [[] for _ in prompts]
         self.stopped = [False] * len(prompts)
         self.done = [False] * len(prompts)
 
@@ -127,6 +129,7 @@ class _Continuations:
             if self.done[row]:
                 return
             self.tokens[row].append(self.itos[token])
+            self.ids[row].append(token)
             if self.stop and self._cut(row) is not None:
                 self.done[row] = self.stopped[row] = True
             elif len(self.tokens[row]) >= self.max_tokens:
@@ -135,10 +138,6 @@ class _Continuations:
     @property
     def finished(self) -> bool:
         return all(self.done)
-
-    def active(self, device: torch.device) -> torch.Tensor:
-        """(B,) bool: the rows still generating."""
-        return torch.tensor([not d for d in self.done], device=device)
 
     def text(self, row: int) -> str:
         """The continuation's text (after the prompt's), including any stop string."""
@@ -168,9 +167,10 @@ def check_options(
     temperature: float,
     top_k: int,
     top_p: float,
-    speculative: bool,
+    speculative: str | None,
 ) -> None:
-    """Raise :class:`GenerationError` for options or prompts that cannot be generated from."""
+    """Raise :class:`GenerationError` for options or prompts that cannot be generated from.
+    ``speculative``: None, or the drafter (``heads``, ``lookup``, ``both``)."""
     if not prompts:
         raise GenerationError("no prompt to continue (give --prompt TEXT or --prompt-file FILE)")
     if max_tokens < 1:
@@ -181,10 +181,19 @@ def check_options(
         raise GenerationError(f"--top-k must be >= 0 (0: no limit), got {top_k}")
     if not 0 < top_p <= 1:
         raise GenerationError(f"--top-p must be in (0, 1], got {top_p}")
-    if speculative and model.num_heads < 1:
+    if speculative is not None and speculative not in DRAFTERS:
         raise GenerationError(
-            "--speculative drafts with the N-gram heads, and this model has none "
-            "(model.heads.kind = 'none' or n = 1)"
+            f"--speculative must be one of {', '.join(DRAFTERS)}, got {speculative!r}"
+        )
+    if speculative in ("heads", "both") and model.num_heads < 1:
+        raise GenerationError(
+            f"--speculative {speculative} drafts with the N-gram heads, and this model has none "
+            "(model.heads.kind = 'none' or n = 1; --speculative lookup needs no heads)"
+        )
+    if speculative in ("heads", "both") and not model.heads.drafts:
+        raise GenerationError(
+            f"--speculative {speculative}: heads of kind {type(model.heads).__name__} cannot "
+            "draft (use --speculative lookup)"
         )
     if speculative and temperature != 0:
         raise GenerationError(
@@ -210,20 +219,26 @@ def generate_batch(
     top_p: float = 1.0,
     seed: int | None = None,
     stop: Sequence[str] = (),
-    speculative: bool = False,
+    speculative: bool | str = False,
     device: str | torch.device = "cpu",
+    draft_tokens: int | None = None,
 ) -> Generations:
     """Continue every prompt (its tokens; unknown words become ``<unk>``), all in one batch.
 
     ``temperature`` 0 is greedy; else samples restricted by ``top_k`` (0: no limit) and
     ``top_p`` (1: no limit), from a generator seeded with ``seed`` (None: a random seed).
-    ``stop``: strings that end a row. ``speculative``: greedy self-speculative decoding with
-    the N-gram heads (needs heads and temperature 0; the output is greedy decoding's). It
-    speculates while the drafted tokens fit into the encoder's ``max_context`` with the whole
-    stream read so far, where reading N tokens at once gives each the context it gets token
-    by token; past that (a sliding window) it takes plain greedy steps.
+    ``stop``: strings that end a row. ``speculative``: greedy speculative decoding drafted by
+    ``"heads"`` (the N-gram heads; True means this), ``"lookup"`` (prompt lookup) or
+    ``"both"``, needing temperature 0; the output is greedy decoding's. It starts once every
+    prompt is read, and speculates while the drafted tokens fit into the encoder's
+    ``max_context`` with every row's stream read so far, where reading them at once gives
+    each the context it gets token by token; past that (a sliding window) it takes plain
+    greedy steps. ``draft_tokens``: drafted tokens per step (default: N − 1, or 4 for lookup).
     Raises :class:`GenerationError` for unusable options (see :func:`check_options`).
     """
+    if speculative is True:
+        speculative = "heads"
+    speculative = speculative or None
     check_options(model, prompts, max_tokens, temperature, top_k, top_p, speculative)
     generator = torch.Generator(device="cpu")
     if seed is None:
@@ -238,26 +253,27 @@ def generate_batch(
     lengths = torch.tensor([len(i) for i in ids], device=device)  # (B,)
     longest, common = max(len(i) for i in ids), min(len(i) for i in ids)
     padded = torch.tensor([i + [vocab.eos_id] * (longest - len(i)) for i in ids], device=device)
-    context, n_predictions = model.encoder.max_context, model.num_heads + 1
-    prediction = model(padded[:, :common], None, run_heads=speculative)
+    prediction = model(padded[:, :common], None, run_heads=False)
     read = common  # tokens read per row (the next column)
-    accepted: list[int] = []
+    stats = None
     with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens
         while not rows.finished:
             bar.update(max(len(t) for t in rows.tokens) - bar.n)
-            if (
-                speculative
-                and read >= longest  # every row is generating
-                and (context is None or read + n_predictions <= context)  # drafts see full context
-            ):
-                emitted, prediction, k = speculative_step(
-                    model, weight, bias, prediction, rows.active(padded.device)
+            if speculative and read >= longest:  # every row is generating: each at its own pace
+                texts = [i + rows_ids for i, rows_ids in zip(ids, rows.ids)]
+                stats = speculative_decode(
+                    model,
+                    weight,
+                    bias,
+                    prediction.main[:, -1],
+                    prediction.state,
+                    read,
+                    rows,
+                    texts,
+                    speculative,
+                    draft_tokens,
                 )
-                for row, tokens in enumerate(emitted.tolist()):
-                    rows.add(row, tokens)
-                read += emitted.size(1)
-                accepted.append(k)
-                continue
+                break
             logits = functional.logits(prediction.main[:, -1], weight, bias)  # (B, V)
             chosen = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
             for row, token in enumerate(chosen.tolist()):
@@ -267,16 +283,14 @@ def generate_batch(
                 break
             if read < longest:  # rows still reading their prompt read its next token instead
                 chosen = torch.where(read < lengths, padded[:, read], chosen)
-            may_speculate = context is None or read + 1 + n_predictions <= context
-            prediction = model(
-                chosen[:, None], prediction.state, run_heads=speculative and may_speculate
-            )
+            prediction = model(chosen[:, None], prediction.state, run_heads=False)
             read += 1
+        bar.update(max(len(t) for t in rows.tokens) - bar.n)
     return Generations(
         rows.rows(),
         time.perf_counter() - started,
-        sum(accepted) / len(accepted) if accepted else None,
-        len(accepted),
+        None if stats is None else stats.acceptance,
+        0 if stats is None else stats.steps,
     )
 
 
@@ -292,7 +306,7 @@ def generate(
     *,
     top_p: float = 1.0,
     stop: Sequence[str] = (),
-    speculative: bool = False,
+    speculative: bool | str = False,
 ) -> list[str]:
     """Continue one ``prompt`` (words; unknown ones become ``<unk>``): the generated tokens
     (:func:`generate_batch` with one prompt)."""

@@ -1,100 +1,306 @@
-r"""Greedy self-speculative decoding with the model's own N-gram heads (Stern et al. 2018's
-blockwise parallel decoding, with the heads of Heo et al. 2024/2025 as the proposers).
+r"""Greedy speculative decoding: drafts from the model's own N-gram heads (Stern et al. 2018's
+blockwise parallel decoding, with the heads of Heo et al. 2024/2025 or Medusa's as the
+proposers), from the text itself (prompt lookup: the tokens that followed the last n-gram's
+latest earlier occurrence), or both; one forward verifies a whole draft.
 
-One step, from the prediction at the last read column t (``targetlm.modules.heads`` has the
-index picture)::
+One step, from the prediction x̂_t at the last read column t of a row (``targetlm.modules.heads``
+has the index picture)::
 
-    draft    d_0 = argmax logits(x̂_t)                       the main head: greedy's own token
-             d_n = argmax logits(x̂_{t+n}),  n = 1..N−1       head n's raw output at column t,
-                   x̂_{t+n} = reconstruct(MLP^n(h_t), x_t..x_{t+n−1})   made a target vector as in
+    draft    d_0 = argmax logits(x̂_t)                       greedy's own token, known already:
+                                                             the previous verification's g_k
+             d_n = argmax logits(x̂_{t+n}),  n = 1..k         head n's output at column t only,
+                   x̂_{t+n} = reconstruct(raw^n(h_t), x_t..x_{t+n−1})   made a target vector as in
                    the head ensemble: WDR heads add the conjugate of the words before y_{t+n},
-                   the drafted d_0..d_{n−1} standing in for the unknown ones
-    verify   one forward of d_0..d_{N−1}: g_i = argmax logits(x̂ after d_i)
-    accept   d_1..d_k while d_{i+1} = g_i (k ≤ N−1 drafted tokens); emit d_0..d_k, and g_k is
-             the next step's d_0
+                   the drafted d_0..d_{n−1} standing in for the unknown ones; heads that read no
+                   words (simple, medusa) draft all k in one matrix product with the output layer
+             or d_1..d_k = what followed the latest earlier occurrence of the row's last tokens
+    verify   one forward of d_0..d_k: g_i = argmax logits(x̂ after d_i)
+    accept   d_1..d_j while d_{i+1} = g_i (j ≤ k); emit d_0..d_j, and g_j is the next d_0
 
-Every emitted token is the one greedy decoding would pick after the same prefix, so the output
-is greedy decoding's. Batch rows advance together by the smallest accepted length among the
-rows still generating. The state is then the one after d_0..d_k: the verification's own when
-all were accepted, else the encoder's :meth:`~targetlm.modules.interfaces.RewindableEncoder.rewind`
-of it, or (an encoder that cannot rewind, e.g. the LSTM) the saved state before the
-verification with d_0..d_k read again (one more short forward).
+Only top-1 tokens are needed, so no softmax is computed anywhere: a draft is the argmax of its
+logits. Every emitted token is the one greedy decoding picks after the same prefix, so each
+row's output is greedy decoding's.
+
+Each row keeps its own accepted length j: the encoder's state is rewound per row
+(:class:`~targetlm.modules.interfaces.RaggedEncoder`: the Transformer's ragged KV cache, rows at
+their own positions), or, for an encoder that cannot rewind (the LSTM), the rows that kept
+the same number of tokens re-read them from the saved state before the verification (one short
+forward per distinct length; :class:`~targetlm.modules.interfaces.RowConcatenableEncoder`
+puts the groups back together). An encoder that can do neither advances all rows by the
+smallest accepted length among them: the hf backbone, whose model-owned KV cache has one
+length for all rows. Rows that finish leave the batch (their state rows are dropped).
+
+While a draft would not fit into the encoder's ``max_context`` together with every row's
+stream read so far (reading k + 1 tokens at once gives each the context it gets token by
+token only then), a step verifies d_0 alone: a plain greedy step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
 import torch
 
 from targetlm import functional
-from targetlm.modules.interfaces import RewindableEncoder
-from targetlm.modules.model import LanguageModel, Prediction
+from targetlm.modules.heads import NgramHeads
+from targetlm.modules.interfaces import (
+    RaggedEncoder,
+    RewindableEncoder,
+    RowConcatenableEncoder,
+    RowSelectableEncoder,
+)
+from targetlm.modules.model import LanguageModel
 
-__all__ = ["draft", "speculative_step"]
+__all__ = [
+    "DRAFTERS",
+    "LOOKUP_TOKENS",
+    "PromptLookup",
+    "SpeculativeStats",
+    "draft",
+    "speculative_decode",
+]
+
+Drafter = Literal["heads", "lookup", "both"]
+DRAFTERS: tuple[str, ...] = ("heads", "lookup", "both")
+LOOKUP_TOKENS = 4  # tokens prompt lookup drafts per step when no heads set the draft length
+
+
+class Rows(Protocol):
+    """Where the emitted tokens go (``generate._Continuations``): ``done[row]`` once it ended."""
+
+    done: list[bool]
+
+    def add(self, row: int, ids: Sequence[int]) -> None: ...
 
 
 def draft(
+    heads: NgramHeads,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    first: torch.Tensor,
+    predicted: torch.Tensor,
+    length: int,
+) -> torch.Tensor:
+    """Greedy drafts d_0..d_length (B, length + 1) from one column: d_0 = ``first`` (B,),
+    greedy's token there, and heads 1..length run on its main x̂ ``predicted`` (B, d).
+    ``weight`` (V, d) and ``bias`` (V,): the output layer's. Only argmaxes of logits."""
+    batch, d = predicted.shape
+    raw = heads(predicted[:, None])[:length]  # (length, B, 1, d): the heads at column t only
+    if not heads.reads_words:  # x̂_{t+n} needs no drafted word: every head in one product
+        vectors = heads.reconstruct(raw, predicted.new_zeros(batch, length + 1, d))[:, :, 0]
+        tokens = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
+        return torch.cat([first[:, None], tokens.t()], 1)
+    tokens = [first]
+    # x_t..x_{t+N−1} = E_out of the drafted words, zeros where not drafted yet: head n's
+    # conjugate reads x_t..x_{t+n−1} only (drafted by then), and reconstruct defines column t
+    # only where x_{t+n} exists, hence n + 1 columns for heads 1..n
+    embeddings = predicted.new_zeros(batch, length + 1, d)
+    for n in range(1, length + 1):
+        embeddings[:, n - 1] = weight[tokens[-1]]
+        # heads 1..n (reconstruct numbers them from 1), of which head n's x̂_{t+n} (B, d)
+        vector = heads.reconstruct(raw[:n], embeddings[:, : n + 1])[-1, :, 0]
+        tokens.append(functional.logits(vector[:, None], weight, bias)[:, 0].argmax(-1))
+    return torch.stack(tokens, 1)
+
+
+class PromptLookup:
+    """Prompt-lookup drafting (Saxena 2023; transformers' ``prompt_lookup_num_tokens``): a
+    row's draft is what followed the latest earlier occurrence of its last n tokens (d_0
+    included), the longest n ≤ ``max_ngram`` that occurred, down to ``min_ngram``.
+
+    An index per row maps every n-gram of its text to the position after its latest
+    occurrence, updated as tokens are appended, so a proposal costs ``max_ngram`` look-ups.
+    """
+
+    def __init__(self, texts: Sequence[Sequence[int]], max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.texts = [list(t) for t in texts]
+        self.index: list[dict[tuple[int, ...], int]] = [{} for _ in texts]
+        for row in range(len(self.texts)):
+            self._register(row, 1)
+
+    def _register(self, row: int, start: int) -> None:
+        """Index the n-grams that end before positions start..len − 1 (each has a next token)."""
+        text, index = self.texts[row], self.index[row]
+        for position in range(max(start, 1), len(text)):
+            for n in range(1, min(self.max_ngram, position) + 1):
+                index[tuple(text[position - n : position])] = position
+
+    def append(self, row: int, tokens: Sequence[int]) -> None:
+        start = len(self.texts[row])
+        self.texts[row].extend(tokens)
+        self._register(row, start)
+
+    def propose(self, row: int, first: int, length: int) -> list[int]:
+        """Up to ``length`` tokens to follow ``first`` in ``row`` ([] when nothing matches)."""
+        text = self.texts[row] + [first]
+        for n in range(min(self.max_ngram, len(text)), self.min_ngram - 1, -1):
+            position = self.index[row].get(tuple(text[-n:]))
+            if position is not None:
+                return text[position : position + length]
+        return []
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep these rows only, in this order."""
+        self.texts = [self.texts[r] for r in rows]
+        self.index = [self.index[r] for r in rows]
+
+
+class SpeculativeStats:
+    """Counts of a decoding: ``steps`` verifications that checked drafts, ``row_steps`` the
+    rows they covered, ``accepted`` the drafted tokens those rows kept."""
+
+    def __init__(self) -> None:
+        self.steps = self.row_steps = self.accepted = 0
+
+    @property
+    def acceptance(self) -> float | None:
+        """Drafted tokens accepted per row and verification step (None: nothing drafted)."""
+        return self.accepted / self.row_steps if self.row_steps else None
+
+
+def per_row(model: LanguageModel) -> bool:
+    """Whether every row keeps its own accepted length with this model's encoder."""
+    encoder = model.encoder
+    return isinstance(encoder, RaggedEncoder) or (
+        isinstance(encoder, RowSelectableEncoder) and isinstance(encoder, RowConcatenableEncoder)
+    )
+
+
+@torch.no_grad()
+def speculative_decode(
     model: LanguageModel,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     predicted: torch.Tensor,
-    raw: torch.Tensor,
-) -> torch.Tensor:
-    """Greedy drafts d_0..d_{N−1} (B, N) from one column: its main x̂ (B, d) and the heads' raw
-    outputs there (N−1, B, d). ``weight`` (V, d) and ``bias`` (V,): the output layer's."""
-    heads = model.heads
-    if heads is None:
-        raise ValueError("speculative decoding drafts with the N-gram heads: the model has none")
-    batch, d = predicted.shape
-    n_predictions = heads.num_predictions
-    tokens = [functional.logits(predicted, weight, bias).argmax(-1)]  # (B,)
-    # x_t..x_{t+N−1} = E_out of the drafted words, zeros where not drafted yet: head n's
-    # conjugate reads x_t..x_{t+n−1} only (drafted by then), and reconstruct defines column t
-    # only where x_{t+n} exists, hence n + 1 columns for heads 1..n
-    embeddings = predicted.new_zeros(batch, n_predictions, d)
-    outputs = raw[:, :, None]  # (N−1, B, 1, d): the heads at column t
-    for n in range(1, n_predictions):
-        embeddings[:, n - 1] = weight[tokens[-1]]
-        # heads 1..n (reconstruct numbers them from 1), of which head n's x̂_{t+n} (B, d)
-        vector = heads.reconstruct(outputs[:n], embeddings[:, : n + 1])[-1, :, 0]
-        tokens.append(functional.logits(vector, weight, bias).argmax(-1))
-    return torch.stack(tokens, 1)
+    state,
+    read: int,
+    rows: Rows,
+    texts: Sequence[Sequence[int]],
+    drafter: Drafter = "heads",
+    draft_tokens: int | None = None,
+) -> SpeculativeStats:
+    """Generate until every row of ``rows`` is done, from the main x̂ ``predicted`` (B, d) at
+    the last column every row read (``read`` tokens each, their ids ``texts``) and ``state``.
 
-
-def speculative_step(
-    model: LanguageModel,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    prediction: Prediction,
-    active: torch.Tensor,
-) -> tuple[torch.Tensor, Prediction, int]:
-    """One draft–verify step after ``prediction`` (its last column, heads included, and the
-    state after it).
-
-    active: (B,) bool, the rows still generating (the others do not limit acceptance).
-    Returns the emitted tokens (B, k + 1): greedy's next k + 1 tokens, the same for every row
-    count; the prediction at the last of them (main and heads, one column) with the state
-    after them; and k, the drafted tokens accepted.
+    drafter: ``heads`` (the N-gram heads), ``lookup`` (prompt lookup) or ``both`` (lookup
+    where the row's text has a match, the heads elsewhere). draft_tokens: drafted tokens per
+    step (default: the heads' N − 1, or :data:`LOOKUP_TOKENS` for lookup alone; the heads
+    draft at most N − 1). Emits into ``rows`` and returns the counts.
     """
-    drafted = draft(model, weight, bias, prediction.main[:, -1], prediction.heads[:, :, -1])
-    n_predictions = drafted.size(1)
-    verified = model(drafted, prediction.state, run_heads=False)  # the heads: below, one column
-    greedy = functional.logits(verified.main, weight, bias).argmax(-1)  # (B, N): after each d_i
-    agree = (greedy[:, :-1] == drafted[:, 1:]).long().cumprod(1).sum(1)  # (B,) accepted per row
-    accepted = int(agree[active].min()) if bool(active.any()) else n_predictions - 1
-    keep = accepted + 1
-    state = verified.state
-    if keep < n_predictions:
-        state = _rewound(model, prediction.state, state, drafted[:, :keep], n_predictions - keep)
-    predicted = verified.main[:, keep - 1 : keep]  # (B, 1, d) at the last kept token
-    next_prediction = Prediction(predicted, model.heads(predicted), state)
-    return drafted[:, :keep], next_prediction, accepted
+    encoder, heads = model.encoder, model.heads
+    use_heads = drafter in ("heads", "both")
+    if use_heads and (heads is None or model.num_heads < 1):
+        raise ValueError(f"drafter {drafter!r} drafts with the N-gram heads: the model has none")
+    length = draft_tokens or (model.num_heads if use_heads else LOOKUP_TOKENS)
+    if use_heads:
+        length = min(length, model.num_heads)
+    lookup = PromptLookup(texts) if drafter in ("lookup", "both") else None
+    context = encoder.max_context
+    ragged = per_row(model)
+    alive = list(range(predicted.size(0)))  # the generating rows, as rows of the batch
+    lengths = torch.full((len(alive),), read, dtype=torch.long)  # tokens read per row (CPU)
+    first = functional.logits(predicted[:, None], weight, bias)[:, 0].argmax(-1)  # (B,) d_0
+    stats = SpeculativeStats()
+    while alive:
+        fits = context is None or int(lengths.max()) + length + 1 <= context
+        drafted = first[:, None]
+        if fits and use_heads:
+            drafted = draft(heads, weight, bias, first, predicted, length)
+        if fits and lookup is not None:
+            drafted = _looked_up(lookup, drafted, length)
+        verified = model(drafted, state, run_heads=False)
+        greedy = functional.logits(verified.main, weight, bias).argmax(-1)  # (B, k + 1)
+        agree = (greedy[:, :-1] == drafted[:, 1:]).long().cumprod(1).sum(1)  # (B,)
+        if not ragged:
+            active = torch.tensor([not rows.done[r] for r in alive], device=agree.device)
+            agree = agree[active].min().expand_as(agree)
+        keep = agree + 1  # tokens each row keeps: d_0..d_j
+        state = _kept_state(model, state, verified.state, drafted, keep, ragged)
+        batch = torch.arange(len(alive), device=keep.device)
+        predicted, first = verified.main[batch, keep - 1], greedy[batch, keep - 1]
+        lengths += keep.cpu()
+        if drafted.size(1) > 1:
+            stats.steps += 1
+            stats.row_steps += len(alive)
+            stats.accepted += int(agree.sum())
+        for b, (row, tokens, kept) in enumerate(zip(alive, drafted.tolist(), keep.tolist())):
+            rows.add(row, tokens[:kept])
+            if lookup is not None:
+                lookup.append(b, tokens[:kept])
+        staying = [b for b, row in enumerate(alive) if not rows.done[row]]
+        if len(staying) == len(alive) or not isinstance(encoder, RowSelectableEncoder):
+            if not staying:
+                break
+            continue
+        if not staying:
+            break
+        index = torch.tensor(staying, device=predicted.device)
+        state = encoder.select_rows(state, index)
+        predicted, first, lengths = predicted[index], first[index], lengths[index.cpu()]
+        alive = [alive[b] for b in staying]
+        if lookup is not None:
+            lookup.select(staying)
+    return stats
 
 
-def _rewound(model: LanguageModel, before, after, kept: torch.Tensor, dropped: int):
-    """The state after reading ``kept`` (B, k) from ``before``: ``after`` (which read ``dropped``
-    more tokens) rewound when the encoder can, else ``kept`` read again from ``before``."""
-    if isinstance(model.encoder, RewindableEncoder):
-        state = model.encoder.rewind(after, dropped)
+def _looked_up(lookup: PromptLookup, drafted: torch.Tensor, length: int) -> torch.Tensor:
+    """``drafted`` (B, 1 + k: d_0 and the heads' drafts, or d_0 alone) with each row's prompt
+    lookup proposal in place of the heads' where it has one; without heads, the rows'
+    proposals padded with their last token to the longest (d_0 alone when none has one)."""
+    first = drafted[:, 0].tolist()
+    proposals = [lookup.propose(b, token, length) for b, token in enumerate(first)]
+    if drafted.size(1) > 1:  # the heads drafted: lookup replaces them where it matched
+        drafted = drafted.clone()
+        for b, proposal in enumerate(proposals):
+            if proposal:
+                drafted[b, 1 : 1 + len(proposal)] = torch.tensor(proposal)
+        return drafted
+    longest = max(len(p) for p in proposals)
+    if longest == 0:
+        return drafted
+    rows = [[t, *p] + [(p or [t])[-1]] * (longest - len(p)) for t, p in zip(first, proposals)]
+    return torch.tensor(rows, device=drafted.device)
+
+
+def _kept_state(
+    model: LanguageModel,
+    before,
+    after,
+    drafted: torch.Tensor,
+    keep: torch.Tensor,
+    ragged: bool,
+):
+    """The state after each row read its first ``keep[b]`` drafted tokens (B, k + 1) from
+    ``before``: ``after`` (which read all of them) rewound per row, or re-read; with one
+    ``keep`` for all rows (not ``ragged``) the encoder's :meth:`rewind` or a re-read."""
+    dropped = drafted.size(1) - keep  # (B,)
+    if not bool(dropped.any()):
+        return after
+    encoder = model.encoder
+    if not ragged:
+        n = int(dropped[0])
+        if isinstance(encoder, RewindableEncoder):
+            state = encoder.rewind(after, n)
+            if state is not None:
+                return state
+        return model(drafted[:, : drafted.size(1) - n], before, run_heads=False).state
+    if isinstance(encoder, RaggedEncoder):
+        state = encoder.rewind_rows(after, dropped.to(drafted.device))
         if state is not None:
             return state
-    return model(kept, before, run_heads=False).state
+    # the rows that keep the same number of tokens re-read them from the saved state
+    parts, order = [], []
+    for kept in sorted(set(keep.tolist())):
+        index = torch.nonzero(keep == kept).squeeze(1).to(drafted.device)
+        if kept == drafted.size(1):
+            parts.append(encoder.select_rows(after, index))
+        else:
+            part = encoder.select_rows(before, index)
+            parts.append(model(drafted[index, :kept], part, run_heads=False).state)
+        order.append(index)
+    inverse = torch.argsort(torch.cat(order))
+    return encoder.select_rows(encoder.concat_rows(parts), inverse)

@@ -14,7 +14,14 @@ from targetlm.modules.encoders import (
 from targetlm.modules.groc_embedding import GrocEmbedding
 from targetlm.modules.groc_output import CharCnnOutput, CompositionalOutput, GrocOutput
 from targetlm.modules.grounded import GroundedEncoder
-from targetlm.modules.heads import HEADS, NgramHeads, SimpleHeads, WdrHeads, build_heads
+from targetlm.modules.heads import (
+    HEADS,
+    MedusaHeads,
+    NgramHeads,
+    SimpleHeads,
+    WdrHeads,
+    build_heads,
+)
 from targetlm.modules.interfaces import (
     EmbeddingTable,
     HasTrainingCache,
@@ -69,6 +76,7 @@ __all__ = [
     "LookupEmbedding",
     "LookupOutput",
     "LstmEncoder",
+    "MedusaHeads",
     "NgramHeads",
     "OutputLayer",
     "SimpleHeads",

@@ -8,6 +8,8 @@ the same sequence (``None`` starts a new one), so no caller branches on the type
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -175,6 +177,19 @@ class LstmEncoder(Encoder):
                 x = self.drop_output(x)
         return x, new_state  # (B, T, output_size)
 
+    def select_rows(self, state: LstmState | None, rows: torch.Tensor) -> LstmState | None:
+        """The state of batch rows ``rows`` (B',) only, in that order."""
+        if state is None:
+            return None
+        return [(h[:, rows], c[:, rows]) for h, c in state]
+
+    def concat_rows(self, states: Sequence[LstmState]) -> LstmState:
+        """One state whose rows are those of ``states`` one after the other."""
+        return [
+            (torch.cat([s[i][0] for s in states], 1), torch.cat([s[i][1] for s in states], 1))
+            for i in range(len(states[0]))
+        ]
+
 
 def dropout_mask(like: torch.Tensor, shape: tuple[int, ...], p: float) -> torch.Tensor:
     """Inverted-dropout mask of ``shape``: 0 with probability p, else 1/(1-p).
@@ -246,6 +261,13 @@ class CausalTransformer(Encoder):
     recomputation's. ``kv_cache = False`` (an attribute, not an option) recomputes always.
     :meth:`rewind` drops the last tokens of a cached state (speculative decoding).
 
+    Rows of different lengths (speculative decoding keeps each row's accepted drafts): a
+    :class:`RaggedState` (made by :meth:`rewind_rows`, :meth:`select_rows` or
+    :meth:`concat_rows`) holds per-row lengths; a segment is read at each row's own
+    positions (the new keys and values written after the row's last token, keys past it
+    masked), and a row whose window would slide is recomputed from its own last
+    ``max_context`` inputs, so every row's output is the one it gets alone.
+
     Args:
         input_size: embedding size (supplied by the builder).
         model_size: width of the residual stream (default input_size; a linear map
@@ -306,6 +328,8 @@ class CausalTransformer(Encoder):
         segment = x.size(1)
         if segment > self.max_context:
             raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
+        if isinstance(state, RaggedState):
+            return self._forward_ragged(x, state)
         past, cache = _split_state(state)
         cached = not self.training and self.kv_cache
         if cached and cache is not None and past.size(1) + segment <= self.max_context:
@@ -350,6 +374,145 @@ class CausalTransformer(Encoder):
             return past, cache
         return past[:, :-n], tuple((k[:, :, :-n], v[:, :, :-n]) for k, v in cache)
 
+    def rewind_rows(
+        self, state: torch.Tensor | TransformerState | RaggedState | None, counts: torch.Tensor
+    ) -> RaggedState | None:
+        """The state as if row b had not read its last ``counts[b]`` tokens ((B,) long), or
+        None where that is unknown (no cached keys and values, or more tokens than a row
+        holds). Only the lengths change: the dropped keys and values stay, masked."""
+        ragged = _as_ragged(state)
+        if ragged is None or ragged.keys_values is None:
+            return None
+        lengths = ragged.lengths - counts.to(ragged.lengths)
+        if bool((lengths < 1).any()):
+            return None
+        return RaggedState(ragged.inputs, lengths, ragged.keys_values)
+
+    def select_rows(
+        self, state: torch.Tensor | TransformerState | RaggedState | None, rows: torch.Tensor
+    ) -> torch.Tensor | TransformerState | RaggedState | None:
+        """The state of batch rows ``rows`` (B',) only, in that order."""
+        if state is None or isinstance(state, torch.Tensor):
+            return None if state is None else state[rows]
+        if isinstance(state, RaggedState):
+            cache = state.keys_values
+            return RaggedState(
+                state.inputs[rows],
+                state.lengths[rows],
+                None if cache is None else tuple((k[rows], v[rows]) for k, v in cache),
+            )
+        past, cache = _split_state(state)
+        return past[rows], tuple((k[rows], v[rows]) for k, v in cache)
+
+    def concat_rows(self, states: Sequence) -> RaggedState:
+        """One state whose rows are those of ``states`` one after the other (a
+        :class:`RaggedState`; cached keys and values only if every part has them)."""
+        parts = [_as_ragged(s) for s in states]
+        if any(p is None for p in parts):
+            raise ValueError("concat_rows: a state of no tokens has no rows")
+        width = max(p.inputs.size(1) for p in parts)
+        inputs = torch.cat([F.pad(p.inputs, (0, 0, 0, width - p.inputs.size(1))) for p in parts])
+        lengths = torch.cat([p.lengths for p in parts])
+        if any(p.keys_values is None for p in parts):
+            return RaggedState(inputs, lengths, None)
+        cache = []
+        for layer in range(len(parts[0].keys_values)):
+            pairs = [p.keys_values[layer] for p in parts]
+            cache.append(
+                tuple(
+                    torch.cat([F.pad(kv[i], (0, 0, 0, width - kv[i].size(2))) for kv in pairs])
+                    for i in (0, 1)
+                )
+            )
+        return RaggedState(inputs, lengths, tuple(cache))
+
+    def _forward_ragged(
+        self, x: torch.Tensor, state: RaggedState
+    ) -> tuple[torch.Tensor, RaggedState]:
+        """Read x (B, T, input_size) after each row's own ``state.lengths[b]`` tokens."""
+        batch, segment = x.shape[:2]
+        offsets = torch.arange(segment, device=x.device)
+        total = state.lengths + segment  # (B,) tokens per row after x
+        longest = int(total.max())
+        stream = _write_columns(state.inputs, x, state.lengths, longest)  # (B, longest, ·)
+        cached = not self.training and self.kv_cache and state.keys_values is not None
+        if cached and longest <= self.max_context:  # no row's window slides
+            columns = state.lengths[:, None] + offsets  # (B, T): each row's own positions
+            h = self.drop(self.input_map(x) + self.positions[columns])
+            # query i of row b sees keys 0..lengths[b] + i (later keys: other drafts, padding)
+            visible = torch.arange(longest, device=x.device) <= columns[..., None]  # (B, T, L)
+            keys_values = []
+            for block, kv in zip(self.blocks, state.keys_values):
+                h, kv = block(h, kv, columns=columns, mask=visible[:, None])
+                keys_values.append(kv)
+            return self.norm(h), RaggedState(stream, total, tuple(keys_values))
+        # some row's window slides (or nothing is cached): every row reads its own last
+        # max_context inputs from position 0, left-aligned (padding after them is not seen)
+        window = total.clamp(max=self.max_context)  # (B,)
+        width = int(window.max())
+        columns = ((total - window)[:, None] + torch.arange(width, device=x.device)).clamp(
+            max=longest - 1
+        )
+        windows = stream.gather(1, columns[..., None].expand(-1, -1, stream.size(2)))
+        h = self.drop(self.input_map(windows) + self.positions[:width])
+        keys_values = []
+        for block in self.blocks:
+            h, kv = block(h)
+            keys_values.append(kv)
+        out = (window - segment)[:, None] + offsets  # (B, T): x's columns in each window
+        hidden = self.norm(h.gather(1, out[..., None].expand(-1, -1, h.size(2))))
+        if not self.training and self.kv_cache and longest < self.max_context:
+            return hidden, RaggedState(windows.detach(), window, tuple(keys_values))
+        keep = window.clamp(max=self.max_context - 1)
+        kept = ((window - keep)[:, None] + torch.arange(int(keep.max()), device=x.device)).clamp(
+            max=width - 1
+        )
+        inputs = windows.gather(1, kept[..., None].expand(-1, -1, windows.size(2)))
+        return hidden, RaggedState(inputs.detach(), keep, None)
+
+
+@dataclass
+class RaggedState:
+    """A :class:`CausalTransformer` state whose rows hold different numbers of tokens: row b's
+    window is its first ``lengths[b]`` inputs (and, when cached, keys and values); what lies
+    after them is padding or dropped drafts, never attended to.
+
+    inputs: (B, L, input_size); lengths: (B,) long, each ≥ 1; keys_values: per layer keys and
+    values, each (B, heads, L', d/heads) with L' ≥ every length, or None (the next read
+    recomputes every row's window).
+    """
+
+    inputs: torch.Tensor
+    lengths: torch.Tensor
+    keys_values: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None
+
+
+def _as_ragged(state) -> RaggedState | None:
+    """Any transformer state as a :class:`RaggedState` (None: no tokens read yet)."""
+    if state is None or isinstance(state, RaggedState):
+        return state
+    past, cache = _split_state(state)
+    lengths = torch.full((past.size(0),), past.size(1), dtype=torch.long, device=past.device)
+    return RaggedState(past, lengths, cache)
+
+
+def _write_columns(
+    cache: torch.Tensor, new: torch.Tensor, lengths: torch.Tensor, width: int, dim: int = 1
+) -> torch.Tensor:
+    """A copy of ``cache`` (rows first, positions on ``dim``) cut or padded to ``width``
+    positions, with row b's ``new`` positions (T of them, on the same ``dim``) written from
+    ``lengths[b]`` on."""
+    shape = list(cache.shape)
+    shape[dim] = width
+    out = cache.new_zeros(shape)
+    kept = min(width, cache.size(dim))
+    out.narrow(dim, 0, kept).copy_(cache.narrow(dim, 0, kept))
+    columns = lengths[:, None] + torch.arange(new.size(dim), device=new.device)  # (B, T)
+    view = [columns.size(0)] + [1] * (new.dim() - 1)
+    view[dim] = columns.size(1)
+    out.scatter_(dim, columns.view(view).expand_as(new), new.to(out.dtype))
+    return out
+
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]  # keys and values, each (B, heads, L, d/heads)
 TransformerState = tuple[torch.Tensor, tuple[KeyValue, ...]]  # (window inputs, per-layer cache)
@@ -362,6 +525,8 @@ def _split_state(
     values or None); a checkpointed state comes back as lists (``state_to_list``)."""
     if state is None or isinstance(state, torch.Tensor):
         return state, None
+    if isinstance(state, RaggedState):
+        raise ValueError("a state with rows of different lengths has no common window")
     past, cache = state
     return past, tuple((k, v) for k, v in cache)
 
@@ -398,20 +563,32 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, past: KeyValue | None = None
+        self,
+        x: torch.Tensor,
+        past: KeyValue | None = None,
+        columns: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KeyValue]:
         """x (B, T, d), after the cached keys/values ``past`` of the P previous positions (None:
-        x starts the window) -> (B, T, d) and the keys/values of all P + T positions."""
+        x starts the window) -> (B, T, d) and the keys/values of all P + T positions.
+
+        Rows of different lengths: ``columns`` (B, T), where row b's new keys and values go
+        in ``past`` (its positions), and ``mask`` (B, 1, T, L), the keys each query sees;
+        the keys/values returned are ``past`` with the new ones written there (L positions)."""
         if self.pre_norm:
-            attended, kv = self._attend(self.norm1(x), past)
+            attended, kv = self._attend(self.norm1(x), past, columns, mask)
             x = x + attended
             return x + self.drop(self.ff(self.norm2(x))), kv
-        attended, kv = self._attend(x, past)
+        attended, kv = self._attend(x, past, columns, mask)
         x = self.norm1(x + attended)
         return self.norm2(x + self.drop(self.ff(x))), kv
 
     def _attend(
-        self, x: torch.Tensor, past: KeyValue | None = None
+        self,
+        x: torch.Tensor,
+        past: KeyValue | None = None,
+        columns: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KeyValue]:
         """The dropped-out attention branch, (B, T, d) -> (B, T, d), and the keys/values."""
         B, T, d = x.shape
@@ -419,8 +596,11 @@ class TransformerBlock(nn.Module):
             y.transpose(1, 2)  # (B, heads, T, d/heads)
             for y in self.qkv(x).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
         )
-        mask = None
-        if past is not None:
+        if columns is not None:  # rows of different lengths: write at each row's positions
+            width = mask.size(-1)
+            k = _write_columns(past[0], k, columns[:, 0], width, dim=2)
+            v = _write_columns(past[1], v, columns[:, 0], width, dim=2)
+        elif past is not None:
             P = past[0].size(2)
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)  # (B, heads, P + T, ·)
             # query i (position P + i) sees keys 0..P + i; one query sees them all

@@ -44,6 +44,10 @@ ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 class NgramHeads(nn.Module):
     """Base: N−1 MLPs ``Linear(d, hidden) → activation → Linear(hidden, d)``, one per future word.
 
+    ``residual = true`` adds the input, ``h_t + MLP^n(h_t)``, with the last Linear
+    zero-initialised, so an untrained head's raw output is h_t, the main path's x̂_t (Medusa's
+    start; a simple head then drafts what the main head would).
+
     The model runs them on its projected encoder output (``LanguageModel.forward`` returns
     their raw outputs in its ``Prediction``); what turns a raw output into a predicted target
     vector (``reconstruct``: the WDR conjugate) needs the true words, so the N-gram loss and
@@ -54,7 +58,18 @@ class NgramHeads(nn.Module):
         n: N, the number of predicted positions including the main one (N = 1: no heads).
         hidden_size: the MLPs' hidden width (default d).
         activation: ``relu`` (the papers), ``tanh`` or ``gelu``.
+        residual: add the input to each MLP's output, the last Linear starting at zero.
+
+    Attributes:
+        reads_words: whether ``reconstruct`` reads the words before the predicted one (WDR's
+            conjugate); drafting then runs the heads one after another, else all at once.
+        drafts: whether speculative decoding can draft with these heads from one column's
+            raw outputs (a kind that needs more, e.g. the drafted tokens' embeddings through
+            its own layers, says False until the decoder supports it).
     """
+
+    reads_words: bool = False
+    drafts: bool = True
 
     def __init__(
         self,
@@ -62,19 +77,28 @@ class NgramHeads(nn.Module):
         n: Annotated[int, Range(1, MAX_HEADS, note="N counts the main head")] = 2,
         hidden_size: Size | None = None,
         activation: Literal["relu", "tanh", "gelu"] = "relu",
+        residual: bool = False,
     ) -> None:
         super().__init__()
         if n < 1:
             raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
         self.num_predictions = n
+        self.residual = residual
         d, hidden = embedding_dim, hidden_size or embedding_dim
         self.mlps = nn.ModuleList(
             nn.Sequential(nn.Linear(d, hidden), ACTIVATIONS[activation](), nn.Linear(hidden, d))
             for _ in range(n - 1)
         )
+        if residual:
+            for mlp in self.mlps:
+                nn.init.zeros_(mlp[-1].weight)
+                nn.init.zeros_(mlp[-1].bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """h (B, T, d) -> the heads' raw outputs MLP^n(h) stacked: (N−1, B, T, d)."""
+        """h (B, T, d) -> the heads' raw outputs MLP^n(h) (plus h when residual) stacked:
+        (N−1, B, T, d)."""
+        if self.residual:
+            return torch.stack([hidden + mlp(hidden) for mlp in self.mlps])
         return torch.stack([mlp(hidden) for mlp in self.mlps])
 
     def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
@@ -108,6 +132,51 @@ class WdrHeads(NgramHeads):
             functional.wdr_conjugate(embeddings, n)[:, :T] for n in range(1, outputs.size(0) + 1)
         ]
         return outputs + torch.stack(conjugates).to(outputs.dtype)
+
+
+class ResBlock(nn.Module):
+    """Medusa's residual block ``x + SiLU(W x + b)`` (d -> d), W and b zero-initialised, so it
+    starts as the identity."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+@HEADS.register("medusa")
+class MedusaHeads(NgramHeads):
+    """Medusa-1 heads (Cai et al. 2024): head n is ``num_layers`` residual blocks
+    ``x + SiLU(W x + b)`` over h_t, read by the model's output layer (the shared unembedding):
+    ``x̂_{t+n} = ResBlock^n(h_t)``. W starts at zero, so at step 0 every head is the identity
+    of the main path (x̂_{t+n} = x̂_t) and drafts what the main head would.
+
+    Args:
+        embedding_dim: d (supplied by the builder).
+        n: N, the number of predicted positions including the main one.
+        num_layers: residual blocks per head (Medusa's default 1).
+    """
+
+    def __init__(self, embedding_dim: int, n: int = 2, num_layers: int = 1) -> None:
+        nn.Module.__init__(self)
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.num_predictions = n
+        self.residual = False  # the blocks hold their own residual paths
+        self.mlps = nn.ModuleList(
+            nn.Sequential(*(ResBlock(embedding_dim) for _ in range(num_layers)))
+            for _ in range(n - 1)
+        )
+
+    def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        return outputs
 
 
 def build_heads(config: ComponentConfig, embedding_dim: int) -> NgramHeads | None:

@@ -132,6 +132,16 @@ class HfEncoder(Encoder):
         inputs = state.inputs[:, : max(state.inputs.size(1) - n, 0)]
         return HfState(state.cache, inputs, state.length - n)
 
+    def select_rows(self, state: HfState | None, rows: torch.Tensor) -> HfState | None:
+        """The state of batch rows ``rows`` (B',) only, in that order (the cache is the
+        model's own object: selected in place, so ``state`` is used up). Every row keeps the
+        same length: the model's cache has one length for all rows, so speculative decoding
+        advances an hf backbone's rows by the smallest accepted length among them."""
+        if state is None:
+            return None
+        state.cache.batch_select_indices(rows)
+        return HfState(state.cache, state.inputs[rows], state.length)
+
 
 class HfOutput(OutputLayer):
     """The pretrained ``lm_head``: ``E_out`` is its weight (the input embedding when the model

@@ -20,7 +20,10 @@ __all__ = [
     "HasTrainingCache",
     "OpenVocabularyEmbedding",
     "OpenVocabularyOutput",
+    "RaggedEncoder",
     "RewindableEncoder",
+    "RowConcatenableEncoder",
+    "RowSelectableEncoder",
 ]
 
 
@@ -80,4 +83,35 @@ class RewindableEncoder(Protocol):
     def rewind(self, state: Any, n: int) -> Any | None:
         """``state`` as if its last ``n`` tokens had not been read; None where this state
         cannot say (the caller then re-reads from a saved state)."""
+        ...
+
+
+@runtime_checkable
+class RowSelectableEncoder(Protocol):
+    """An encoder whose state's batch rows can be kept or dropped (finished rows leave a
+    generating batch)."""
+
+    def select_rows(self, state: Any, rows: torch.Tensor) -> Any:
+        """The state of batch rows ``rows`` (B',) only, in that order."""
+        ...
+
+
+@runtime_checkable
+class RowConcatenableEncoder(Protocol):
+    """An encoder whose states' rows can be put together into one batch (speculative decoding
+    re-reads groups of rows that keep different numbers of tokens)."""
+
+    def concat_rows(self, states: Sequence[Any]) -> Any:
+        """One state whose rows are those of ``states`` one after the other."""
+        ...
+
+
+@runtime_checkable
+class RaggedEncoder(Protocol):
+    """An encoder whose batch rows may hold different numbers of tokens: each row can forget
+    its own number of last tokens, and the next read continues every row where it stands."""
+
+    def rewind_rows(self, state: Any, counts: torch.Tensor) -> Any | None:
+        """``state`` as if row b had not read its last ``counts[b]`` tokens ((B,) long); None
+        where this state cannot say (the caller re-reads from a saved state)."""
         ...

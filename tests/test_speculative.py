@@ -1,0 +1,391 @@
+"""Speculative decoding: every row's output is greedy decoding's for every head kind of the
+registry, drafter and encoder (the Transformer's ragged KV cache, the LSTM's re-reads, the hf
+backbone's smallest-row rule); each row keeps its own accepted length; the heads that start as
+the identity; prompt lookup; bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import ENCODER_OPTIONS, model_config
+
+from targetlm.config import ComponentConfig
+from targetlm.data import Vocabulary
+from targetlm.inference import speculative
+from targetlm.inference.generate import GenerationError, generate_batch
+from targetlm.modules import HEADS, CausalTransformer, build_model
+from targetlm.modules.heads import SimpleHeads
+from targetlm.objectives import build_objective
+from targetlm.runs import CheckpointError, load_state_into
+
+V = 30
+WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(V - 2)]
+VOCAB = Vocabulary(WORDS, [1] * V)
+PROMPTS = [["w1", "w2"], ["w3"], ["w4", "w5", "w6", "w7", "w8"], ["w9", "w10", "w11"]]
+KINDS = sorted(HEADS.names())
+LM_ENCODERS = sorted(ENCODER_OPTIONS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def lm(
+    encoder: str,
+    heads: str = "none",
+    n: int = 1,
+    seed: int = 0,
+    output: str = "tied",
+    context: int = 24,
+    **heads_options,
+):
+    """A tiny random eval-mode model; a Transformer's window (24) slides before 40 tokens."""
+    options = {"max_context": context} if "max_context" in ENCODER_OPTIONS[encoder] else {}
+    config = model_config(encoder, output, **options)
+    if heads != "none":
+        config = dataclasses.replace(
+            config, heads=ComponentConfig(heads, {"n": n, **heads_options})
+        )
+    torch.manual_seed(seed)
+    model = build_model(config, WORDS).eval()
+    if heads != "none":  # random heads: identity-initialised ones would draft only repeats
+        with torch.no_grad():
+            for parameter in model.heads.parameters():
+                parameter.normal_(0, 0.3)
+    return model
+
+
+def tokens(result):
+    return [row.tokens for row in result.rows]
+
+
+# --- the ragged KV cache --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("context", [10, 64])
+def test_ragged_rows_read_what_each_row_reads_alone(context):
+    """Rows that drop different numbers of tokens after each read continue exactly as each
+    row alone (rewound or re-read), before and after their windows (10) slide."""
+    torch.manual_seed(0)
+    encoder = CausalTransformer(
+        input_size=8, num_layers=2, num_heads=2, ff_size=16, dropout=0.0, max_context=context
+    ).eval()
+    x = torch.randn(3, 40, 8)
+    counts = [[1, 0, 2], [0, 2, 1], [2, 2, 0], [0, 0, 0], [1, 2, 0], [2, 1, 1], [0, 1, 2]]
+    with torch.no_grad():
+        _, state = encoder(x[:, :4])
+        alone = [encoder(x[b : b + 1, :4])[1] for b in range(3)]
+        position, re_read = [4, 4, 4], False
+        for dropped in counts:
+            segment = torch.stack([x[b, position[b] : position[b] + 3] for b in range(3)])
+            before = state
+            out, after = encoder(segment, before)
+            for b in range(3):
+                expected, read = encoder(segment[b : b + 1], alone[b])
+                torch.testing.assert_close(out[b], expected[0], atol=1e-5, rtol=1e-5)
+                rewound = encoder.rewind(read, dropped[b])
+                keep = segment[b : b + 1, : 3 - dropped[b]]
+                alone[b] = rewound if rewound is not None else encoder(keep, alone[b])[1]
+            state = encoder.rewind_rows(after, torch.tensor(dropped))
+            if state is None:  # a slid window: re-read each row from the saved state
+                rows = [encoder.select_rows(before, torch.tensor([b])) for b in range(3)]
+                keep = [segment[b : b + 1, : 3 - dropped[b]] for b in range(3)]
+                state = encoder.concat_rows([encoder(k, r)[1] for k, r in zip(keep, rows)])
+                re_read = True
+            position = [p + 3 - d for p, d in zip(position, dropped)]
+    assert re_read == (context == 10)  # only a slid window (no keys and values) is re-read
+
+
+# --- speculative = greedy -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoder", LM_ENCODERS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_speculative_decoding_equals_greedy(encoder, kind, batch):
+    """Prompts of different lengths, random heads (mostly wrong: a wrongly accepted draft
+    would change the text), the Transformer's window sliding before the end."""
+    model = lm(encoder, kind, 4, seed=batch)
+    prompts = PROMPTS[:batch]
+    greedy = generate_batch(model, VOCAB, prompts, max_tokens=40, temperature=0)
+    fast = generate_batch(model, VOCAB, prompts, max_tokens=40, temperature=0, speculative=True)
+    assert tokens(fast) == tokens(greedy)
+    assert all(len(row) == 40 for row in tokens(fast))
+    assert fast.verifications > 0 and 0 <= fast.acceptance <= 3
+
+
+@pytest.mark.parametrize("encoder", LM_ENCODERS)
+@pytest.mark.parametrize("drafter", ["lookup", "both"])
+def test_prompt_lookup_alone_and_with_heads_equals_greedy(encoder, drafter):
+    """A model without heads drafts by lookup; with heads, lookup where it matches."""
+    model = lm(encoder, "none" if drafter == "lookup" else "wdr", 3, seed=2)
+    prompts = [p * 3 for p in PROMPTS]  # repeats give lookup matches
+    greedy = generate_batch(model, VOCAB, prompts, max_tokens=30, temperature=0)
+    fast = generate_batch(model, VOCAB, prompts, 30, temperature=0, speculative=drafter)
+    assert tokens(fast) == tokens(greedy)
+    assert fast.verifications > 0 and fast.acceptance > 0  # greedy text repeats itself
+
+
+@pytest.mark.parametrize("encoder", LM_ENCODERS)
+def test_stop_strings_and_max_tokens_inside_a_draft(encoder):
+    """Identity heads on a repeating model accept whole drafts, so rows end inside them."""
+    model = lm(encoder, "medusa", 4, seed=3)
+    prompts = PROMPTS
+    full = generate_batch(model, VOCAB, prompts, max_tokens=13, temperature=0)
+    for speculate in ("heads", "lookup", "both"):
+        fast = generate_batch(model, VOCAB, prompts, 13, temperature=0, speculative=speculate)
+        assert tokens(fast) == tokens(full)
+    stops = [row.tokens[4] for row in full.rows]  # a word of each continuation
+    greedy = generate_batch(model, VOCAB, prompts, 13, temperature=0, stop=stops)
+    fast = generate_batch(model, VOCAB, prompts, 13, temperature=0, stop=stops, speculative=True)
+    assert [(r.tokens, r.text, r.stopped) for r in fast.rows] == [
+        (r.tokens, r.text, r.stopped) for r in greedy.rows
+    ]
+    assert any(r.stopped for r in fast.rows)
+
+
+class Collected:
+    """A stand-in for generate's rows: what each row got, call by call."""
+
+    def __init__(self, rows: int, max_tokens: int) -> None:
+        self.done = [False] * rows
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.calls: list[list[int]] = [[] for _ in range(rows)]
+        self.max_tokens = max_tokens
+
+    def add(self, row: int, ids) -> None:
+        self.calls[row].append(len(ids))
+        for token in ids:
+            if not self.done[row]:
+                self.ids[row].append(token)
+                self.done[row] = len(self.ids[row]) >= self.max_tokens
+
+
+@pytest.mark.parametrize("encoder", LM_ENCODERS)
+def test_each_row_keeps_its_own_accepted_length(encoder, monkeypatch):
+    """Drafts from greedy's own continuation with a wrong token at a random column per row:
+    every row keeps exactly its correct drafts (no smallest-row rule), rows that reach
+    max_tokens leave, and the text is greedy's."""
+    n, max_tokens = 4, 25
+    model = lm(encoder, "simple", n, seed=1, context=64)  # every step drafts
+    prompts = [["w1", "w2"], ["w3", "w4"], ["w5", "w6"]]
+    greedy = generate_batch(model, VOCAB, prompts, max_tokens + 2 * n, temperature=0).rows
+    truth = [VOCAB.encode(row.tokens).tolist() for row in greedy]
+    rows = Collected(3, max_tokens)
+    rng = torch.Generator().manual_seed(0)
+    expected: list[list[int]] = [[] for _ in prompts]
+
+    def oracle(heads, weight, bias, first, predicted, length):
+        alive = [r for r in range(3) if not rows.done[r]]
+        drafts = []
+        for b, row in enumerate(alive):
+            at = len(rows.ids[row])
+            proposal = list(truth[row][at : at + length + 1])
+            assert proposal[0] == int(first[b])  # d_0 is greedy's own token
+            wrong = int(torch.randint(1, length + 2, (1,), generator=rng))
+            if wrong <= length:
+                proposal[wrong] = (proposal[wrong] + 1) % V
+            expected[row].append(wrong)  # tokens kept: d_0..d_{wrong−1}
+            drafts.append(proposal)
+        return torch.tensor(drafts)
+
+    monkeypatch.setattr(speculative, "draft", oracle)
+    ids = [[VOCAB.eos_id, *VOCAB.encode(p).tolist()] for p in prompts]
+    with torch.no_grad():
+        prediction = model(torch.tensor(ids), run_heads=False)
+        stats = speculative.speculative_decode(
+            model, *model.output(), prediction.main[:, -1], prediction.state, 3, rows, ids
+        )
+    assert rows.ids == [t[:max_tokens] for t in truth]
+    assert rows.calls == expected
+    assert len({len(c) for c in rows.calls}) > 1  # the rows took different numbers of steps
+    assert stats.accepted == sum(k - 1 for calls in expected for k in calls)
+
+
+def test_the_lstm_re_reads_each_group_of_rows_once(monkeypatch):
+    """An encoder without rewind reads the kept tokens again from the saved state, one
+    forward per distinct kept length."""
+    model = lm("lstm", "simple", 4)
+    reads = []
+    forward = type(model).forward
+
+    def counted(self, tokens, state=None, **kwargs):
+        reads.append(tuple(tokens.shape))
+        return forward(self, tokens, state, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", counted)
+    out = generate_batch(model, VOCAB, PROMPTS, 12, temperature=0, speculative=True)
+    assert out.acceptance < 3  # random heads: drafts rejected ...
+    assert any(length < 4 for _, length in reads[1:])  # ... so short re-reads happened
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    transformers = pytest.importorskip("transformers")
+    from targetlm.config import ModelConfig
+
+    del transformers
+    config = {
+        "model_type": "llama",
+        "vocab_size": V,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 48,
+        "tie_word_embeddings": True,
+    }
+
+    def build(kind: str):
+        torch.manual_seed(0)
+        model_config = ModelConfig(
+            backbone=ComponentConfig("hf", {"config": config}),
+            heads=ComponentConfig(kind, {"n": 3}),
+        )
+        model = build_model(model_config, WORDS).eval()
+        with torch.no_grad():
+            for parameter in model.heads.parameters():
+                parameter.normal_(0, 0.3)
+        return model
+
+    return build
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hf_backbone_speculation_equals_greedy(hf_model, kind):
+    """The hf cache has one length for all rows: the smallest accepted length; finished rows
+    still leave the batch. 50 tokens pass the window (48)."""
+    model = hf_model(kind)
+    greedy = generate_batch(model, VOCAB, PROMPTS, max_tokens=50, temperature=0)
+    for drafter in ("heads", "both"):
+        fast = generate_batch(model, VOCAB, PROMPTS, 50, temperature=0, speculative=drafter)
+        assert tokens(fast) == tokens(greedy)
+        assert fast.verifications > 0
+    short = generate_batch(model, VOCAB, PROMPTS, 50, temperature=0, stop=["w3"], speculative=True)
+    stopped = generate_batch(model, VOCAB, PROMPTS, 50, temperature=0, stop=["w3"])
+    assert tokens(short) == tokens(stopped)
+
+
+# --- heads that start as the identity -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "options"), [("medusa", {}), ("simple", {"residual": True})])
+def test_untrained_residual_heads_draft_what_the_main_head_would(kind, options):
+    """At step 0 x̂_{t+n} = x̂_t: every draft repeats d_0."""
+    torch.manual_seed(0)
+    config = dataclasses.replace(
+        model_config("transformer"), heads=ComponentConfig(kind, {"n": 4, **options})
+    )
+    model = build_model(config, WORDS).eval()
+    prediction = model(torch.randint(V, (2, 5)))
+    for n in range(3):
+        torch.testing.assert_close(prediction.heads[n], prediction.main)
+    weight, bias = model.output()
+    first = model.logits(prediction.main[:, -1]).argmax(-1)
+    drafted = speculative.draft(model.heads, weight, bias, first, prediction.main[:, -1], 3)
+    assert torch.equal(drafted, first[:, None].expand(-1, 4))
+
+
+def test_residual_false_keeps_todays_heads():
+    torch.manual_seed(0)
+    plain = SimpleHeads(8, 3)
+    torch.manual_seed(0)
+    residual = SimpleHeads(8, 3, residual=True)
+    assert plain.mlps[0][-1].weight.abs().sum() > 0 and residual.mlps[0][-1].weight.sum() == 0
+    h = torch.randn(2, 4, 8)
+    torch.testing.assert_close(residual(h), h.expand(2, 2, 4, 8))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_head_kind_trains_with_the_ngram_loss_on_every_output(kind, output_kind):
+    """The N-gram loss is finite and reaches every head parameter; the heads draft with the
+    output layer's E_out and b (one drafted token per head)."""
+    model = lm("lstm", kind, 3, output=output_kind).train()
+    objective = build_objective(ComponentConfig("cross_entropy", {"ngram_alpha": 0.5}), model)
+    inputs, targets = torch.randint(V, (2, 6)), torch.randint(V, (2, 8))
+    out = objective(model(inputs), targets, *model.output())
+    out.loss.backward()
+    assert torch.isfinite(out.loss)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.heads.parameters())
+    model.eval()
+    with torch.no_grad():
+        main = model(inputs).main[:, -1]
+        weight, bias = model.output()
+        first = model.logits(main).argmax(-1)
+        drafted = speculative.draft(model.heads, weight, bias, first, main, 2)
+    assert drafted.shape == (2, 3) and bool((drafted < V).all())
+
+
+# --- prompt lookup --------------------------------------------------------------------------
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
+    lookup = speculative.PromptLookup([[5, 1, 2, 3, 9, 1, 2, 4, 7, 8]], max_ngram=3)
+    assert lookup.propose(0, 1, 3) == [2, 4, 7]  # "1" last followed by 2 4 7
+    lookup.append(0, [3, 1])
+    assert lookup.propose(0, 2, 2) == [4, 7]  # "1 2" last at positions 5-6
+    assert lookup.propose(0, 42, 3) == []
+    lookup.append(0, [2, 3])  # text ... 3 1 2 3: "1 2 3" occurred at 1-3, followed by 9
+    assert lookup.propose(0, 9, 2) == [1, 2]  # "2 3 9" at 2-4: followed by 1 2
+    lookup.select([0])
+    assert lookup.propose(0, 8, 5) == [3, 1, 2, 3, 8]  # "7 8" then the text's own end + d_0
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+def test_bad_speculative_input_is_one_clear_error():
+    model = lm("transformer", "wdr", 3)
+    with pytest.raises(GenerationError, match="--temperature 0"):
+        generate_batch(model, VOCAB, PROMPTS, temperature=1.0, speculative=True)
+    with pytest.raises(GenerationError, match="one of heads, lookup, both"):
+        generate_batch(model, VOCAB, PROMPTS, temperature=0, speculative="tree")
+    with pytest.raises(GenerationError, match="max_context"):
+        generate_batch(model, VOCAB, [["w1"] * 30], temperature=0, speculative=True)
+    with pytest.raises(GenerationError, match="lookup needs no heads"):
+        generate_batch(lm("transformer"), VOCAB, PROMPTS, temperature=0, speculative="both")
+
+    class Undraftable(SimpleHeads):
+        drafts = False
+
+    model.heads = Undraftable(16, 3)
+    with pytest.raises(GenerationError, match="cannot draft"):
+        generate_batch(model, VOCAB, PROMPTS, temperature=0, speculative="heads")
+    # lookup alone needs no heads at all
+    assert generate_batch(model, VOCAB, PROMPTS, 3, temperature=0, speculative="lookup").rows
+
+
+def test_heads_trained_for_another_body_name_the_tensor_and_both_shapes():
+    small, wide = lm("lstm", "medusa", 3), lm("lstm", "medusa", 3)
+    wide.heads = HEADS.build("medusa", {"n": 3}, "model.heads", embedding_dim=24)
+    with pytest.raises(CheckpointError, match=r"heads\.mlps\.0\.0\.linear\.weight is \(24, 24\)"):
+        load_state_into(small, wide.state_dict(), VOCAB, "run")
+    try:
+        load_state_into(small, wide.state_dict(), VOCAB, "run")
+    except CheckpointError as error:
+        assert "(16, 16) here" in str(error) and "\n" not in str(error)
+
+
+def test_cli_speculative_lookup_prints_the_greedy_text(tmp_path, capsys):
+    from test_cli import assert_one_error, train_args
+
+    from targetlm.cli import main
+
+    run = tmp_path / "run"
+    assert main(train_args(run)) == 0  # no heads: lookup needs none
+    capsys.readouterr()
+    args = ["generate", str(run), "--prompt", "the", "--max-tokens", "12", "--temperature", "0"]
+    assert main(args) == 0
+    greedy = capsys.readouterr().out
+    assert main([*args, "--speculative", "lookup"]) == 0
+    out, err = capsys.readouterr()
+    assert out == greedy and "accepted per verification step" in err
+    rc = main([*args, "--speculative", "tree"])
+    assert rc == 2 and "one of heads, lookup, both" in assert_one_error(capsys, rc)
