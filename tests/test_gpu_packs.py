@@ -28,8 +28,10 @@ PACKS = {  # pack: (run names with SEEDS=1, evaluation subcommand)
         "translate",
     ),
 }
+# runs evaluate side by side: each call is recorded with one append (one write), never two
 STAND_IN = r"""#!/usr/bin/env bash
-{ printf '%s\x1f' "$@"; printf '\n'; } >> "$TARGETLM_CALLS"
+line=$(printf '%s\x1f' "$@")
+printf '%s\n' "$line" >> "$TARGETLM_CALLS"
 case $1 in
   train)
     while [[ $# -gt 0 ]]; do
