@@ -41,6 +41,45 @@ from targetlm.inference.generate import generate_batch  # noqa: E402
 from targetlm.runs import load_run  # noqa: E402
 
 DRAFTERS = ("heads", "lookup", "both")
+VERIFY_WIDTHS = (1, 2, 4, 8, 16)
+
+
+def step_costs(model, vocab, prefix: int = 128, rounds: int = 20) -> dict[str, float]:
+    """Batch 1 with a KV cache of ``prefix`` tokens: the median seconds of one forward over k
+    new tokens for each k of VERIFY_WIDTHS (``verify_k``) and of drafting with the heads (their
+    forward on one column and each head's argmax logit, ``draft``), measured in rotating order.
+    A draft-verify step with k drafted tokens costs ``draft + verify_{k+1}`` and emits 1 + a
+    tokens (a accepted), so it beats greedy (``verify_1`` a token) once
+    ``a > (draft + verify_{k+1}) / verify_1 − 1``: the break-even acceptance."""
+    import time
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(len(vocab), (1, prefix + max(VERIFY_WIDTHS)), generator=generator)
+    with torch.no_grad():
+        state = model(ids[:, :prefix], None, run_heads=False).state
+        weight, bias = model.output()
+        last = model(ids[:, prefix : prefix + 1], state, run_heads=False).main[:, -1:]
+
+        def verify(k):
+            return lambda: model(ids[:, prefix : prefix + k], state, run_heads=False)
+
+        def draft():
+            raw = model.heads(last)  # (N−1, 1, 1, d)
+            return (raw[:, 0, 0] @ weight.T + (0 if bias is None else bias)).argmax(-1)
+
+        parts = {f"verify_{k}": verify(k) for k in VERIFY_WIDTHS}
+        if model.heads is not None:
+            parts["draft"] = draft
+        times = {name: [] for name in parts}
+        for part in parts.values():  # warm-up
+            part()
+        for r in range(rounds):
+            names = list(parts)
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                started = time.perf_counter()
+                parts[name]()
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def prompts_from(config, vocab, count: int = 4, lengths=(16, 9, 24, 12)) -> list[list[str]]:
@@ -76,6 +115,19 @@ def main() -> None:
         )
         config, vocab, model, _ = load_run(run)
     model.eval()
+    costs = step_costs(model, vocab)
+    one = costs["verify_1"]
+    print("\nKV-cached forward over k new tokens (cache of 128), batch 1, vs one token:")
+    print(", ".join(f"k {k}: {costs[f'verify_{k}'] / one:.2f}x" for k in VERIFY_WIDTHS))
+    n_drafted = (model.heads.num_predictions - 1) if model.heads is not None else 4
+    draft_cost = costs.get("draft", 0.0) / one
+    width = min(n_drafted + 1, max(VERIFY_WIDTHS))
+    width = max(k for k in VERIFY_WIDTHS if k <= width)
+    break_even = draft_cost + costs[f"verify_{width}"] / one - 1
+    print(
+        f"drafting with the heads: {draft_cost:.2f}x a token; break-even with {n_drafted} drafted "
+        f"tokens (verify {width}): {break_even:.2f} accepted per step"
+    )
     prompts = prompts_from(config, vocab)
     drafters = [d for d in DRAFTERS if model.num_heads > 0 or d == "lookup"]
     variants = [(b, d) for b in (1, 4) for d in ("greedy", *drafters)]
@@ -138,6 +190,9 @@ def main() -> None:
         "heads": type(model.heads).__name__ if model.heads is not None else None,
         "new_tokens": args.new_tokens,
         "threads": args.threads,
+        "verify_cost": {k: costs[f"verify_{k}"] / one for k in VERIFY_WIDTHS},
+        "draft_cost": draft_cost,
+        "break_even_accepted": break_even,
         "variants": table,
     }
     print(json.dumps(result))

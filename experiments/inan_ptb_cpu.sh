@@ -5,16 +5,34 @@
 # gamma 0.5, RE/REAL without output bias) on the first TOKENS training tokens (default 50k)
 # for EPOCHS epochs (default 40, the presets' budget), validated every epoch on the first
 # quarter of valid, best checkpoint kept; then evaluated on full valid and test.
+# SCHEDULE=steps keeps the paper's schedule in steps instead of epochs of the smaller corpus
+# (train.decay_epoch_steps=1328, the steps of one epoch of all of PTB at batch 20 x 35: lr 1
+# for 5,312 steps, then x0.9 every 1,328 steps), in runs/inan-ptb-cpu-steps. METHOD re-bias
+# (RE with an output bias) and base-nobias (base without one) are the audit's controls.
+# On 50k tokens (72 steps an epoch) the paper's 40 epochs of steps (53,120) are EPOCHS=737:
+# about 2.6 hours a run on one idle thread (about 4,000 tokens/s), so the step-matched runs are
+# the GPU pack's (experiments/gpu/inan_table1.sh, all of PTB) or several sessions' work.
 # One run per call, one thread:
-#   bash experiments/inan_ptb_cpu.sh METHOD SEED        (METHOD: base, al, re, real)
+#   bash experiments/inan_ptb_cpu.sh METHOD SEED  (METHOD: base, al, re, real, re-bias, base-nobias)
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 method=${1:?method}
 seed=${2:?seed}
-root=${RUNS:-runs/inan-ptb-cpu}
+extra=()
+if [[ ${SCHEDULE:-epochs} == steps ]]; then
+  root=${RUNS:-runs/inan-ptb-cpu-steps}
+  extra+=(--set train.decay_epoch_steps=1328)
+else
+  root=${RUNS:-runs/inan-ptb-cpu}
+fi
+preset=$method
+case $method in
+  re-bias) preset=re extra+=(--set model.output.bias=true) ;;
+  base-nobias) preset=base extra+=(--set model.output.bias=false) ;;
+esac
 dir="$root/$method-s$seed"
 if [[ ! -f "$dir/results.json" ]]; then
-  targetlm train "configs/inan-small-ptb-$method.toml" --run-dir "$dir" \
+  targetlm train "configs/inan-small-ptb-$preset.toml" --run-dir "$dir" "${extra[@]}" \
     --set train.seed="$seed" --set data.train_tokens="${TOKENS:-50000}" \
     --set data.valid='"valid[:0.25]"' --set train.epochs="${EPOCHS:-40}" \
     --set train.threads=1 --set train.progress=false

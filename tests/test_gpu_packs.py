@@ -21,7 +21,10 @@ PACKS = {  # pack: (run names with SEEDS=1, evaluation subcommand)
         [f"{m}-s1" for m in ("base", "sim-n2", "sim-n3", "sim-n4", "wdr-n2", "wdr-n3", "wdr-n4")],
         "eval",
     ),
-    "inan_table1": ([f"{m}-s1" for m in ("base", "al", "re", "real")], "eval"),
+    "inan_table1": (
+        [f"{m}-s1" for m in ("base", "al", "re", "real", "re-bias", "base-nobias")],
+        "eval",
+    ),
     "pappas_table2": ([f"{m}-s1" for m in ("tied", "adaptive", "groc")], "eval"),
     "nmt_multi30k": (
         [f"{d}-{m}-s1" for d in ("en-de", "de-en") for m in ("base", "sim", "wdr")],
