@@ -37,6 +37,7 @@ HEADS: Registry[nn.Module] = Registry("heads", context=("embedding_dim",))
 
 # N: the WDR conjugate sums binomial(N, i)-weighted words, which overflow int64 from N = 67
 MAX_HEADS = 64
+HeadCount = Annotated[int, Range(1, MAX_HEADS, note="N counts the main head")]
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
@@ -74,7 +75,7 @@ class NgramHeads(nn.Module):
     def __init__(
         self,
         embedding_dim: int,
-        n: Annotated[int, Range(1, MAX_HEADS, note="N counts the main head")] = 2,
+        n: HeadCount = 2,
         hidden_size: Size | None = None,
         activation: Literal["relu", "tanh", "gelu"] = "relu",
         residual: bool = False,
@@ -162,7 +163,7 @@ class MedusaHeads(NgramHeads):
         num_layers: residual blocks per head (Medusa's default 1).
     """
 
-    def __init__(self, embedding_dim: int, n: int = 2, num_layers: int = 1) -> None:
+    def __init__(self, embedding_dim: int, n: HeadCount = 2, num_layers: Size = 1) -> None:
         nn.Module.__init__(self)
         if n < 1:
             raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
