@@ -53,6 +53,9 @@ def step_costs(model, vocab, prefix: int = 128, rounds: int = 20) -> dict[str, f
     ``a > (draft + verify_{k+1}) / verify_1 − 1``: the break-even acceptance."""
     import time
 
+    context = getattr(model.encoder, "max_context", None)
+    if context is not None:  # the cache and the widest verification fit the window
+        prefix = min(prefix, context - max(VERIFY_WIDTHS))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(len(vocab), (1, prefix + max(VERIFY_WIDTHS)), generator=generator)
     with torch.no_grad():
@@ -79,7 +82,7 @@ def step_costs(model, vocab, prefix: int = 128, rounds: int = 20) -> dict[str, f
                 started = time.perf_counter()
                 parts[name]()
                 times[name].append(time.perf_counter() - started)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {"prefix": prefix, **{name: statistics.median(t) for name, t in times.items()}}
 
 
 def prompts_from(config, vocab, count: int = 4, lengths=(16, 9, 24, 12)) -> list[list[str]]:
@@ -117,7 +120,7 @@ def main() -> None:
     model.eval()
     costs = step_costs(model, vocab)
     one = costs["verify_1"]
-    print("\nKV-cached forward over k new tokens (cache of 128), batch 1, vs one token:")
+    print(f"\nKV-cached forward over k new tokens (cache of {costs['prefix']}), batch 1, vs one:")
     print(", ".join(f"k {k}: {costs[f'verify_{k}'] / one:.2f}x" for k in VERIFY_WIDTHS))
     n_drafted = (model.heads.num_predictions - 1) if model.heads is not None else 4
     draft_cost = costs.get("draft", 0.0) / one
