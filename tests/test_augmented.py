@@ -170,7 +170,13 @@ def test_subspace_distance():
     assert 0.0 < float(functional.subspace_distance(x, y)) < 1.0
 
 
-@pytest.mark.parametrize("output", OUTPUT_LAYERS.names())
+@pytest.mark.parametrize(
+    "output",  # every registered output layer; beyond tied and lookup in the slow set (CI runs it)
+    [
+        k if k in ("tied", "lookup") else pytest.param(k, marks=pytest.mark.slow)
+        for k in OUTPUT_LAYERS.names()
+    ],
+)
 def test_augmented_loss_trains_with_every_output_layer(tmp_path, output):
     options = {f"model.output.{k}": json.dumps(v) for k, v in OUTPUT_OPTIONS[output].items()}
     config = tiny_config(

@@ -608,6 +608,7 @@ def test_decoding_may_use_another_noise_factor_than_training():
     assert DiffusionTask(noise_factor=4.0).decode_schedule is not None
 
 
+@pytest.mark.slow  # a training run; CI runs it
 def test_a_tiny_denoiser_learns_the_toy_language_pair(tmp_path, capsys):
     """30 epochs of 300 toy pairs (a few seconds): x̂₀ rounds to the target through the logit
     layer (anchor perplexity near 1) and decoding recovers much of the reference (chrF)."""

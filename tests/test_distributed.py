@@ -66,6 +66,7 @@ def _write(config: config_lib.Config, path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # torchrun processes: about 40 s in all; CI runs the slow set of this file
 @pytest.mark.parametrize(
     "overrides, stop_at",
     [(NO_DROPOUT, 9), (TRANSFORMER_WDR_AL, 0)],
@@ -101,6 +102,7 @@ def test_two_processes_take_the_steps_of_one_with_the_same_global_batch(
     assert finished.stdout.count("valid ppl") == 2  # the validation and the final line
 
 
+@pytest.mark.slow  # torchrun processes: about 40 s in all; CI runs the slow set of this file
 def test_translation_weighs_the_ranks_by_their_tokens(tmp_path):
     """Sentence pairs are shared by rows: the ranks score different numbers of tokens, and a
     batch of one pair (the token budget is tiny) leaves rank 1 without rows."""

@@ -593,6 +593,7 @@ real_data = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # builds the presets on real data; CI runs it
 @real_data
 def test_groc_presets_have_fewer_parameters_than_tied(capsys):
     """Issue 10: GroC's preset has fewer parameters than the tied model with the same prefix."""
@@ -604,6 +605,7 @@ def test_groc_presets_have_fewer_parameters_than_tied(capsys):
         assert name == "outputs-ptb-tied" or total < totals["outputs-ptb-tied"], totals
 
 
+@pytest.mark.slow  # builds the presets on real data; CI runs it
 @real_data
 def test_groc_parameters_do_not_depend_on_the_corpus_vocabulary(capsys):
     totals = []

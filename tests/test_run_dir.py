@@ -135,6 +135,7 @@ def _killed_child(where: str, step: int, run: Path, resume: bool) -> subprocess.
     )
 
 
+@pytest.mark.slow  # child processes; CI runs it
 def test_killed_during_a_checkpoint_write_and_a_metrics_append_resumes_exactly(tmp_path, twin):
     run = tmp_path / "run"
     killed = _killed_child("checkpoint", 6, run, resume=False)
@@ -372,6 +373,7 @@ def test_an_empty_or_foreign_checkpoint_is_one_line(tmp_path):
         assert message.startswith(f"{path}: unreadable checkpoint") and cause in message
 
 
+@pytest.mark.slow  # child processes; CI runs it
 def test_a_second_ctrl_c_exits_130_in_one_line(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text(config_lib.dumps(tiny_config(**SMALL)))
