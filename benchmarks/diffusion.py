@@ -1,4 +1,4 @@
-"""Text diffusion (issue 15): targetlm's denoiser against a plain PyTorch one, heads, decoding.
+"""Text diffusion: targetlm's denoiser against a plain PyTorch one, heads, decoding.
 
 The shape is ``configs/diff-tiny-multi30k-base.toml``'s (``--shape small``: translation.py's
 ``nmt-small`` sizes): d 128, ff 256, 2 encoder + 2 denoiser layers, 4 heads, V 6000, learned

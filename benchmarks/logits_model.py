@@ -1,5 +1,5 @@
 """Peak memory of one whole training step of a SmolLM2-135M-shaped model with WDR heads,
-``train.loss_impl = "full"`` against ``"chunked"`` (issue 16).
+``train.loss_impl = "full"`` against ``"chunked"``.
 
 The model is built from targetlm's own parts with SmolLM2-135M's shape (the pretrained model
 itself needs the pretrained-LM issue): vocabulary 49,152, d 576, 30 decoder layers, 9

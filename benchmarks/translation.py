@@ -1,4 +1,4 @@
-"""Translation throughput (issue 13): targetlm's encoder–decoder against plain ``nn.Transformer``.
+"""Translation throughput: targetlm's encoder–decoder against plain ``nn.Transformer``.
 
 Both sides have the same shape (the ``nmt-tiny-multi30k`` preset by default: d 128, ff 256,
 2 + 2 layers, 4 heads, V 6000; ``--shape small`` for the ``nmt-small`` one: d 512, ff 1024,

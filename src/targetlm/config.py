@@ -243,7 +243,7 @@ def from_dict(data: dict[str, Any]) -> Config:
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """Move keys of older configs (e.g. a run directory's ``config.toml``) to their place now.
 
-    ``model.heads.alpha`` (before issue 11) is the N-gram loss's α: ``objective.ngram_alpha``.
+    ``model.heads.alpha`` (an older key) is the N-gram loss's α: ``objective.ngram_alpha``.
     Returns a new dict when something moved (with a ``DeprecationWarning``), else ``data``.
     """
     heads = data.get("model", {}).get("heads") if isinstance(data.get("model"), dict) else None
