@@ -199,6 +199,12 @@ def test_configuration_is_plain_data():
     assert _reachable(import_graph(), "targetlm.config") <= {"targetlm.registry"}
 
 
+def test_the_equations_import_nothing_of_the_package():
+    """`targetlm.functional` is pure functions on tensors: it neither needs nor re-exports
+    another module (the chunked loss is imported from `targetlm.chunked`)."""
+    assert import_graph()["targetlm.functional"] == set()
+
+
 def test_a_checkpoint_is_readable_without_the_training_package():
     graph = import_graph()
     for module in ("targetlm.checkpoint", "targetlm.runs"):

@@ -240,10 +240,16 @@ def from_dict(data: dict[str, Any]) -> Config:
     return config
 
 
+# The release that drops upgrade()'s move of model.heads.alpha (then the key is an unknown
+# option, one ConfigError); a test fails once the package's version reaches it.
+HEADS_ALPHA_REMOVED_IN = "0.2.0"
+
+
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """Move keys of older configs (e.g. a run directory's ``config.toml``) to their place now.
 
-    ``model.heads.alpha`` (an older key) is the N-gram loss's α: ``objective.ngram_alpha``.
+    ``model.heads.alpha`` (an older key) is the N-gram loss's α: ``objective.ngram_alpha``,
+    moved until targetlm :data:`HEADS_ALPHA_REMOVED_IN`.
     Returns a new dict when something moved (with a ``DeprecationWarning``), else ``data``.
     """
     heads = data.get("model", {}).get("heads") if isinstance(data.get("model"), dict) else None
@@ -262,8 +268,9 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
             )
         objective["ngram_alpha"] = alpha
     warnings.warn(
-        "model.heads.alpha is deprecated: it is the N-gram loss's α, now objective.ngram_alpha "
-        "(moved there)",
+        f"model.heads.alpha is deprecated and removed in targetlm {HEADS_ALPHA_REMOVED_IN}: "
+        "it is the N-gram loss's α, now objective.ngram_alpha (moved there for this load; "
+        "write it there in the config)",
         DeprecationWarning,
         stacklevel=3,
     )

@@ -241,7 +241,7 @@ FEEDFORWARD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 class CausalTransformer(Encoder):
     """Causal Transformer decoder stack (no cross-attention), pre-LN or post-LN.
 
-    Registered as ``transformer``; ``TransformerEncoder`` is its former name (an alias).
+    Registered as ``transformer``.
 
     The state is the last ``max_context - 1`` inputs (B, P, input_size), detached:
     given a segment of T tokens, each is encoded with the window of the
@@ -529,9 +529,6 @@ def _split_state(
         raise ValueError("a state with rows of different lengths has no common window")
     past, cache = state
     return past, tuple((k, v) for k, v in cache)
-
-
-TransformerEncoder = CausalTransformer  # the former name: it is a decoder stack, not an encoder
 
 
 class TransformerBlock(nn.Module):
