@@ -40,12 +40,21 @@ import torch
 
 IGNORE = -100  # = targetlm.data.batching.IGNORE (functional must not import data)
 
-# "auto" runs the chunked path when rows × V reaches this many logits (128 MB in float32)
+# "auto" runs the chunked path when rows × V reaches this many logits (128 MB in float32):
+# the one threshold of training and evaluation (auto_chunks)
 AUTO_CHUNK_ELEMENTS = 2**25
-CHUNK_TOKENS = 256  # default tile: 256 rows ...
+# the default tile (train.loss_chunk_tokens / loss_chunk_vocab repeat it, a test checks):
+CHUNK_TOKENS = 256  # 256 rows ...
 CHUNK_VOCAB = 65_536  # ... times the whole vocabulary up to 65,536 words (one pass per row tile)
 
 Reduction = Literal["mean", "sum", "none"]
+
+
+def auto_chunks(rows: int, vocab_size: int) -> bool:
+    """Whether ``loss_impl = "auto"`` runs the logit layer chunked for ``rows`` rows (all heads'
+    in a training step; a segment's positions in evaluation) over ``vocab_size`` words: from
+    :data:`AUTO_CHUNK_ELEMENTS` logits on."""
+    return rows * vocab_size >= AUTO_CHUNK_ELEMENTS
 
 
 @dataclass(frozen=True)

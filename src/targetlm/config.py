@@ -152,7 +152,8 @@ class TrainConfig:
     loss_reduction: Literal["mean", "sum_over_time"] = "mean"
     # the logit layer + loss (targetlm.chunked): "full" builds the (tokens x V) logits, "chunked"
     # goes through tiles of loss_chunk_tokens x loss_chunk_vocab (memory O(tokens + V + a tile);
-    # every objective that can), "auto": chunked from 2**25 logits per step (tokens x heads x V)
+    # every objective that can), "auto": chunked from targetlm.chunked.AUTO_CHUNK_ELEMENTS logits
+    # per step (tokens x heads x V); the tile's defaults are chunked's CHUNK_TOKENS x CHUNK_VOCAB
     loss_impl: Literal["full", "chunked", "auto"] = "auto"
     loss_chunk_tokens: int = 256
     loss_chunk_vocab: int = 65536  # >= V: a tile spans whole rows (fastest on a CPU)
