@@ -143,10 +143,14 @@ def chunked_logit_loss(
         coefficients = coefficients * row_weights.detach()
     if reduction == "mean":
         coefficients = coefficients / max(int(scored.sum()), 1)
-    table = terms.soft_table.detach() if terms.has_kl else None
-    wanted = [t is not None and t.requires_grad for t in (predicted, weight, bias)]
+    table = terms.soft_table.detach() if terms.soft_table is not None and terms.has_kl else None
+    wanted = (
+        predicted.requires_grad,
+        weight.requires_grad,
+        bias is not None and bias.requires_grad,
+    )
     fused = reduction != "none" and torch.is_grad_enabled() and any(wanted)
-    plan = _Plan(terms, chunk_tokens, chunk_vocab, reduction, fused, tuple(wanted))
+    plan = _Plan(terms, chunk_tokens, chunk_vocab, reduction, fused, wanted)
     loss, log_norm, target_logits = _ChunkedLogitLoss.apply(
         predicted, weight, bias, targets, coefficients, table, plan
     )

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import sys
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -227,7 +228,7 @@ def _from_dict(cls: type, data: Any, prefix: str) -> Any:
         if key not in fields:
             raise ConfigError(f"unknown key {name}; allowed: {', '.join(fields)}")
         hint = hints[key]
-        if dataclasses.is_dataclass(hint) or hint is ComponentConfig:
+        if isinstance(hint, type) and (dataclasses.is_dataclass(hint) or hint is ComponentConfig):
             values[key] = _from_dict(hint, value, name)
         else:
             values[key] = check_type(name, value, hint)
@@ -390,7 +391,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load(path: str | Path, overrides: list[str] = ()) -> Config:
+def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read a TOML config file, apply ``--set`` overrides, and validate."""
     path = Path(path)
     if not path.is_file():

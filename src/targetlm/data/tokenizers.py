@@ -104,7 +104,8 @@ class WhitespaceTokenizer(Tokenizer):
         return Vocabulary.build(tokens, self.max_size, self.min_count, tokenizer=self)
 
     def decode(self, tokens: Sequence[str]) -> str:
-        text, line = [], []
+        text: list[str] = []
+        line: list[str] = []
         for token in tokens:
             if token == EOS:
                 text.append(" ".join(line) + "\n")
@@ -243,7 +244,8 @@ class SubwordTokenizer(SymbolTokenizer):
 
     def tokenize(self, lines: Sequence[str]) -> EncodedTokens:
         tokenizer = self._trained()
-        pieces, lengths = [], []
+        pieces: list[np.ndarray] = []
+        lengths: list[int] = []
         for start in range(0, len(lines), CHUNK_LINES):
             encodings = tokenizer.encode_batch_fast(
                 [_spaced(line) for line in lines[start : start + CHUNK_LINES]],
@@ -363,6 +365,7 @@ class PretrainedTokenizer(SubwordTokenizer):
 
     name = "hf"
     model_type = "any"
+    tokenizer_file: str  # always set: the model's directory or name
 
     def __init__(self, tokenizer_file: str | None = None) -> None:
         self._library = _require_library(self.name)

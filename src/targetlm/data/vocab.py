@@ -318,6 +318,16 @@ class Vocabulary:
             counts.append(int(count))
         return cls(words, counts)
 
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer that reads text into this vocabulary's tokens (a run's vocabulary
+        always has one); a :class:`DataError` for a vocabulary built from words alone."""
+        if self.tokenizer is None:
+            raise DataError(
+                f"this vocabulary ({len(self)} words) has no tokenizer: it was built from words, "
+                "not loaded with a run"
+            )
+        return self.tokenizer
+
     def save(self, path: str | Path) -> None:
         """Write ``path`` (``vocab.txt``) and, beside it, the tokenizer's own file when it has
         one (``tokenizer.json`` of BPE / unigram): a run directory holds both."""
