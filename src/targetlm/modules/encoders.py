@@ -62,6 +62,7 @@ class LockedDropout(nn.Module):
 
 
 LstmState = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (h, c), each (1, B, H)
+LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")  # an nn.LSTM layer's, by name
 
 
 @ENCODERS.register("lstm")
@@ -151,17 +152,17 @@ class LstmEncoder(Encoder):
         self, layer: nn.LSTM, x: torch.Tensor, hx
     ) -> tuple[torch.Tensor, tuple, torch.Tensor | None]:
         """(outputs (B, T, H), (h, c), the recurrent mask (B, H) or None)."""
-        weight_hh: torch.Tensor = layer.get_parameter("weight_hh_l0")
         if self.training and self.dropout_recurrent > 0:
-            if self.weight_drop > 0:
-                weight_hh = F.dropout(weight_hh, self.weight_drop, True)
-            mask = dropout_mask(x, (x.size(0), layer.hidden_size), self.dropout_recurrent)
-            weight_ih, bias_ih, bias_hh = (
-                layer.get_parameter(name) for name in ("weight_ih_l0", "bias_ih_l0", "bias_hh_l0")
+            weight_ih, weight_hh, bias_ih, bias_hh = (
+                layer.get_parameter(f"{name}_l0") for name in LSTM_WEIGHTS
             )
-            return *lstm_recurrence(x, weight_ih, weight_hh, bias_ih, bias_hh, hx, mask), mask
+            recurrent = (
+                F.dropout(weight_hh, self.weight_drop, True) if self.weight_drop > 0 else weight_hh
+            )
+            mask = dropout_mask(x, (x.size(0), layer.hidden_size), self.dropout_recurrent)
+            return *lstm_recurrence(x, weight_ih, recurrent, bias_ih, bias_hh, hx, mask), mask
         if self.training and self.weight_drop > 0:
-            dropped = F.dropout(weight_hh, self.weight_drop, True)
+            dropped = F.dropout(layer.get_parameter("weight_hh_l0"), self.weight_drop, True)
             return *functional_call(layer, {"weight_hh_l0": dropped}, (x, hx)), None
         return *layer(x, hx), None
 
