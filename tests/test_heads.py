@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import OUTPUT_OPTIONS, model_config, tiny_config
 
+import targetlm
 from targetlm import config as config_lib
 from targetlm import functional
 from targetlm.cli import main
@@ -134,8 +136,9 @@ def test_heads_config_errors():
 
 
 def test_alpha_is_the_objectives_and_the_old_heads_key_moves_there(tmp_path, capsys):
-    """α is ``objective.ngram_alpha``; a config (or a run directory's) with the pre-issue-11
-    ``model.heads.alpha`` loads with a DeprecationWarning and the key moved."""
+    """α is ``objective.ngram_alpha``; a config (or a run directory's) with the older
+    ``model.heads.alpha`` loads with a DeprecationWarning that names the release removing it,
+    and the key moved."""
     config = tiny_config(
         **{
             "model.heads": '{kind = "simple", n = 3}',
@@ -157,7 +160,8 @@ def test_alpha_is_the_objectives_and_the_old_heads_key_moves_there(tmp_path, cap
         )
     old = tiny_config(**{"train.epochs": 1, "train.max_steps": 2}).to_dict()
     old["model"]["heads"] = {"kind": "wdr", "n": 2, "alpha": 0.6}
-    with pytest.warns(DeprecationWarning, match="objective.ngram_alpha"):
+    removed_in = rf"removed in targetlm {config_lib.HEADS_ALPHA_REMOVED_IN}"
+    with pytest.warns(DeprecationWarning, match=rf"{removed_in}.*objective.ngram_alpha"):
         moved = config_lib.from_dict(old)
     assert moved.model.heads.options == {"n": 2}
     assert moved.objective.options == {"ngram_alpha": 0.6}
@@ -170,6 +174,21 @@ def test_alpha_is_the_objectives_and_the_old_heads_key_moves_there(tmp_path, cap
     with pytest.warns(DeprecationWarning):
         assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
     assert math.isfinite(json.loads(capsys.readouterr().out)["ppl"])
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".")[:3])
+
+
+def test_the_heads_alpha_upgrade_goes_by_its_removal_version():
+    """The ``model.heads.alpha`` move ships only in releases before the one its warning names:
+    bumping the version to it fails here until ``config.upgrade`` drops the move (and the
+    README's note)."""
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    packaged = config_lib.tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    for version in (targetlm.__version__, packaged["version"]):
+        assert _release(version) < _release(config_lib.HEADS_ALPHA_REMOVED_IN), version
+    assert _release("0.10.0") > _release("0.2.0")
 
 
 @pytest.mark.parametrize("kind", KINDS)

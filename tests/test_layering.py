@@ -2,31 +2,35 @@
 
 Every module of `src/targetlm` is parsed with `ast`; module-level imports and imports inside
 functions (lazy imports) both count as edges, so a cycle cannot hide behind a deferred import.
-Only imports under `if TYPE_CHECKING:` are left out: they never run.
+Imports under `if TYPE_CHECKING:` count for cycles too: they never run, but two modules that
+name each other's types still cannot be read or type-checked apart, and such a cycle turns
+into a runtime one the day one of the names is used at run time (an `isinstance`, a default).
+The rules about what a module may reach (`test_imports_run_downwards` and the like) are about
+what runs, so they follow runtime imports only.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
 
 import targetlm
 
-PACKAGE = "targetlm"
 ROOT = Path(targetlm.__file__).resolve().parent
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+def _modules(root: Path = ROOT) -> dict[str, Path]:
+    return {_module_name(path, root): path for path in sorted(root.rglob("*.py"))}
 
 
 def _resolve(name: str, modules: dict[str, Path]) -> str | None:
@@ -48,31 +52,38 @@ def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node of `tree` except the bodies of `if TYPE_CHECKING:` blocks."""
+def _nodes(tree: ast.AST, type_checking: bool):
+    """Every node of `tree`; without `type_checking`, not the bodies of `if TYPE_CHECKING:`."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if (
+            not type_checking
+            and isinstance(node, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(node.test)
+        ):
             stack.extend(node.orelse)
             continue
         stack.extend(ast.iter_child_nodes(node))
 
 
-def import_graph() -> dict[str, set[str]]:
-    """`{module: {imported targetlm modules}}`, over every import statement in the file.
+@functools.cache  # parsed once per session: the tests only read it
+def import_graph(type_checking: bool = False, root: Path = ROOT) -> dict[str, set[str]]:
+    """`{module: {imported modules of the package}}`, over every import statement in the file;
+    with `type_checking`, the imports under `if TYPE_CHECKING:` as well.
 
     `from pkg import name` is an edge to `pkg.name` when that is a module, else to `pkg`;
     relative imports are resolved against the importing module's package. Importing
     `a.b.c` runs the `__init__` of package `a.b` first, so it is an edge to `a.b` as well,
     unless the importer lies inside `a.b` (whose `__init__` is then already running).
     """
-    modules = _modules()
+    modules = _modules(root)
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in _nodes(tree, type_checking):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -85,7 +96,7 @@ def import_graph() -> dict[str, set[str]]:
                     base = node.module or ""
                 targets = [f"{base}.{alias.name}" for alias in node.names]
             for target in targets:
-                if target.split(".")[0] != PACKAGE:
+                if target.split(".")[0] != root.name:
                     continue
                 resolved = _resolve(target, modules)
                 if resolved is None:
@@ -133,8 +144,43 @@ def test_find_cycle_reports_the_modules_of_a_cycle():
 
 
 def test_no_import_cycles():
-    cycle = find_cycle(import_graph())
+    cycle = find_cycle(import_graph(type_checking=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    package = root / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text, encoding="utf-8")
+    return package
+
+
+def test_a_cycle_through_a_type_checking_import_is_a_cycle(tmp_path):
+    """One module imports the other at run time, the other imports it back for its types only
+    (the shape `data.vocab` and `data.tokenizers` once had): the cycle test finds it."""
+    package = _package(
+        tmp_path,
+        {
+            "vocab.py": "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from pkg.tokenizers import Tokenizer\n",
+            "tokenizers.py": "from pkg.vocab import Vocabulary\n",
+        },
+    )
+    assert find_cycle(import_graph(root=package)) is None  # what runs has no cycle
+    cycle = find_cycle(import_graph(type_checking=True, root=package))
+    assert cycle == ["pkg.tokenizers", "pkg.vocab", "pkg.tokenizers"]
+
+
+def test_a_cycle_through_a_lazy_relative_import_is_a_cycle(tmp_path):
+    package = _package(
+        tmp_path,
+        {
+            "a.py": "def f():\n    from . import b\n",
+            "b.py": "from .a import f\n",
+        },
+    )
+    assert find_cycle(import_graph(root=package)) == ["pkg.a", "pkg.b", "pkg.a"]
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -151,6 +197,12 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def test_configuration_is_plain_data():
     """`targetlm.config` imports no model code: only the registry's error and type checks."""
     assert _reachable(import_graph(), "targetlm.config") <= {"targetlm.registry"}
+
+
+def test_the_equations_import_nothing_of_the_package():
+    """`targetlm.functional` is pure functions on tensors: it neither needs nor re-exports
+    another module (the chunked loss is imported from `targetlm.chunked`)."""
+    assert import_graph()["targetlm.functional"] == set()
 
 
 def test_a_checkpoint_is_readable_without_the_training_package():

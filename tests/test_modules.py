@@ -82,10 +82,9 @@ def test_transformer_sliding_window_matches_explicit_windows():
 
 
 def test_the_transformer_is_a_causal_decoder_stack_registered_as_transformer():
-    from targetlm.modules import ENCODERS, Encoder, TransformerEncoder
+    from targetlm.modules import ENCODERS, Encoder
 
     assert ENCODERS.get("transformer") is CausalTransformer
-    assert TransformerEncoder is CausalTransformer  # the former name still works
     encoder = CausalTransformer(input_size=8, num_layers=1, num_heads=2, ff_size=8, max_context=4)
     assert isinstance(encoder, Encoder) and encoder.max_context == 4
     assert LstmEncoder(input_size=8, hidden_size=8).max_context is None  # unbounded

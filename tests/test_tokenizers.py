@@ -23,7 +23,8 @@ from targetlm.data import (
     build_tokenizer,
     load_tokenizer,
 )
-from targetlm.data.tokenizers import BYTE_SYMBOLS, SymbolTokenizer, Tokenizer
+from targetlm.data.tokenizers import BYTE_SYMBOLS
+from targetlm.data.vocab import SymbolTokenizer, Tokenizer
 from targetlm.registry import ConfigError
 
 # raw text: accents, emoji, punctuation, a tab, repeated and edge spaces, an empty line

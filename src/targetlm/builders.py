@@ -9,6 +9,7 @@ Every mistake is one :class:`~targetlm.registry.ConfigError` naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from targetlm.tasks import TASKS
 __all__ = ["build_model", "build_objective", "config_from_dict", "load_config", "validate"]
 
 
-def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read a TOML config, apply ``--set`` overrides, and check values and components."""
     config = config_lib.load(path, overrides)
     validate(config)

@@ -40,12 +40,21 @@ import torch
 
 IGNORE = -100  # = targetlm.data.batching.IGNORE (functional must not import data)
 
-# "auto" runs the chunked path when rows × V reaches this many logits (128 MB in float32)
+# "auto" runs the chunked path when rows × V reaches this many logits (128 MB in float32):
+# the one threshold of training and evaluation (auto_chunks)
 AUTO_CHUNK_ELEMENTS = 2**25
-CHUNK_TOKENS = 256  # default tile: 256 rows ...
+# the default tile (train.loss_chunk_tokens / loss_chunk_vocab repeat it, a test checks):
+CHUNK_TOKENS = 256  # 256 rows ...
 CHUNK_VOCAB = 65_536  # ... times the whole vocabulary up to 65,536 words (one pass per row tile)
 
 Reduction = Literal["mean", "sum", "none"]
+
+
+def auto_chunks(rows: int, vocab_size: int) -> bool:
+    """Whether ``loss_impl = "auto"`` runs the logit layer chunked for ``rows`` rows (all heads'
+    in a training step; a segment's positions in evaluation) over ``vocab_size`` words: from
+    :data:`AUTO_CHUNK_ELEMENTS` logits on."""
+    return rows * vocab_size >= AUTO_CHUNK_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -134,10 +143,14 @@ def chunked_logit_loss(
         coefficients = coefficients * row_weights.detach()
     if reduction == "mean":
         coefficients = coefficients / max(int(scored.sum()), 1)
-    table = terms.soft_table.detach() if terms.has_kl else None
-    wanted = [t is not None and t.requires_grad for t in (predicted, weight, bias)]
+    table = terms.soft_table.detach() if terms.soft_table is not None and terms.has_kl else None
+    wanted = (
+        predicted.requires_grad,
+        weight.requires_grad,
+        bias is not None and bias.requires_grad,
+    )
     fused = reduction != "none" and torch.is_grad_enabled() and any(wanted)
-    plan = _Plan(terms, chunk_tokens, chunk_vocab, reduction, fused, tuple(wanted))
+    plan = _Plan(terms, chunk_tokens, chunk_vocab, reduction, fused, wanted)
     loss, log_norm, target_logits = _ChunkedLogitLoss.apply(
         predicted, weight, bias, targets, coefficients, table, plan
     )

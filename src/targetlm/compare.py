@@ -632,7 +632,8 @@ def _row(
             )
         lambdas.append(lam)
         test.append(on_test[lam if lam is not None else 0.0])
-    valid = None if any(v is None for v in valid_alone) else Spread(valid_alone)
+    present = [v for v in valid_alone if v is not None]
+    valid = Spread(present) if len(present) == len(valid_alone) else None
     rule = "valid" if lambda_on else "fixed" if fixed is not None else ""
     return Row(group, decoding, metric, valid, Spread(test_alone), Spread(test), lambdas, rule)
 
@@ -678,8 +679,8 @@ def _lambda_text(lambdas: Sequence[float | None]) -> str:
 
 
 def _epochs_text(group: Group) -> str:
-    pairs = [run.epochs for run in group.runs]
-    if any(pair is None for pair in pairs):
+    pairs = [run.epochs for run in group.runs if run.epochs is not None]
+    if len(pairs) < len(group.runs):
         return "–"
     return f"{_range([p[0] for p in pairs])}/{_range([p[1] for p in pairs])}"
 

@@ -1,8 +1,9 @@
 """Pure functions for the papers' equations. Each docstring names its equation.
 
-Later issues add the augmented loss (Inan et al.), the subspace distance, WDR,
-the N-gram total loss and the head ensemble (Heo et al.) here. The logit layer and its loss
-in tiles, without the (N, V) logits, is :func:`chunked_logit_loss` (from :mod:`targetlm.chunked`).
+The logit layer and cross entropy, the augmented loss (Inan et al.), the subspace distance,
+WDR, the N-gram total loss, the head ensemble (Heo et al.) and gradient diversity. The logit
+layer and its loss in tiles, without the (N, V) logits, is
+:func:`targetlm.chunked.chunked_logit_loss`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-
-from targetlm.chunked import ChunkedLoss, LogitTerms, chunked_logit_loss  # noqa: F401 (re-exported)
 
 IGNORE = -100
 

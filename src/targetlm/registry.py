@@ -245,7 +245,7 @@ class Registry(Generic[T]):
     def hints(self, name: str) -> dict[str, Any]:
         """The constructor's annotations of ``name``, with their declared ranges."""
         target = self.get(name)
-        function = target.__init__ if isinstance(target, type) else target
+        function = target.__init__ if inspect.isclass(target) else target
         return typing.get_type_hints(function, include_extras=True)
 
     def validate(self, name: str, options: Mapping[str, Any], prefix: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -79,7 +80,7 @@ def read_best(run_dir: str | Path) -> tuple[dict, Vocabulary, Path]:
 
 
 def load_run(
-    run_dir: str | Path, overrides: list[str] = (), tasks: tuple[str, ...] | None = ("lm",)
+    run_dir: str | Path, overrides: Sequence[str] = (), tasks: tuple[str, ...] | None = ("lm",)
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet);
     ``run_dir`` may also be a config file (:func:`configured_model`: the model before training).
@@ -116,7 +117,7 @@ def load_run(
 
 
 def configured_model(
-    path: Path, overrides: list[str] = (), tasks: tuple[str, ...] | None = ("lm",)
+    path: Path, overrides: Sequence[str] = (), tasks: tuple[str, ...] | None = ("lm",)
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """The model of a config file as built, before any training (a pretrained backbone as it
     was published; other models randomly initialised with ``train.seed``), with the

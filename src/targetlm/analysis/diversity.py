@@ -42,8 +42,8 @@ def batch_gradient_diversity(
             out = objective(prediction.rows(rows), targets[rows], weight, bias)
             if out.count == 0:
                 continue
-            grads = torch.autograd.grad(out.loss, params, retain_graph=True, allow_unused=True)
-            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+            found = torch.autograd.grad(out.loss, params, retain_graph=True, allow_unused=True)
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, found)]
             squares += sum(g.double().pow(2).sum() for g in grads)
             total = grads if total is None else [a + g for a, g in zip(total, grads)]
     if total is None:

@@ -18,6 +18,7 @@ import torch
 
 from targetlm import functional
 from targetlm.config import Config
+from targetlm.modules.interfaces import EmbeddingTable
 from targetlm.training.trainer import Trainer
 
 
@@ -51,7 +52,10 @@ def run_subspace_analysis(
         trainer = Trainer(run_config, run_dir, log=lambda message: None)
         results = trainer.train()
         with torch.no_grad():
-            input_table = trainer.model.embedding.table()
+            embedding = trainer.model.embedding
+            if not isinstance(embedding, EmbeddingTable):
+                raise ValueError("the subspace analysis needs an input embedding with a table")
+            input_table = embedding.table()
             output_table, _ = trainer.model.output()
             distance = float(functional.subspace_distance(input_table, output_table))
         rows.append(

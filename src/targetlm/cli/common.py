@@ -82,7 +82,7 @@ def score(
     model: LanguageModel,
     vocab: Vocabulary,
     config: config_lib.Config,
-    tokens: list[str],
+    tokens: Sequence[str],
     open_vocab: bool,
     combiners: Combiners,
 ) -> TokenScores:
@@ -94,7 +94,7 @@ def score_streams(
     model: LanguageModel,
     vocab: Vocabulary,
     config: config_lib.Config,
-    tokens: list[str],
+    tokens: Sequence[str],
     open_vocab: bool,
     combiners: Combiners,
 ) -> list[TokenScores]:
@@ -146,7 +146,7 @@ def settings(
 
 def run_tokens(config: config_lib.Config, vocab: Vocabulary, split: str) -> Sequence[str]:
     """The tokens of a split of a run's data, read with the run's tokenizer."""
-    return vocab.tokenizer.tokenize(read_lines(config.data, split))
+    return vocab.require_tokenizer().tokenize(read_lines(config.data, split))
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         source = getattr(config.data, split)
         lines = read_lines(config.data, source)
-    tokens = vocab.tokenizer.tokenize(lines)  # the run's tokenizer and vocabulary
+    tokens = vocab.require_tokenizer().tokenize(lines)  # the run's tokenizer and vocabulary
     words = count_words(lines)
     where = {"split": None if args.file is not None else split, "file": source}
     if combiners is not None:  # per-token scoring: every combiner composes, one pass

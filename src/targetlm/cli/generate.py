@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     texts = read_prompts(args)
     config, vocab, model, _ = load_run(args.run_dir)
-    tokenizer = vocab.tokenizer
+    tokenizer = vocab.require_tokenizer()
     # each prompt's tokens, without the <eos> that would end its last line
     prompts = [list(tokenizer.tokenize(text.split("\n")))[:-1] for text in texts]
     result = generate_batch(

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args))
     check_combiners(args, config, model)
     lines = read_file(args.file, config.data.lowercase)
-    tokens = list(vocab.tokenizer.tokenize(lines))
+    tokens = list(vocab.require_tokenizer().tokenize(lines))
     combiners = dataclasses.replace(combiners, ensemble_lambdas=tuple(args.ensemble_lambda))
     main, *streams = score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
     out.parent.mkdir(parents=True, exist_ok=True)

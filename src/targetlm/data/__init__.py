@@ -11,12 +11,13 @@ from targetlm.data.datasets import (
     read_split,
     resolve_dir,
 )
-from targetlm.data.tokenizers import TOKENIZERS, Tokenizer, build_tokenizer, load_tokenizer
+from targetlm.data.tokenizers import TOKENIZERS, build_tokenizer, load_tokenizer
 from targetlm.data.vocab import (
     EOS,
     UNK,
     DataError,
     EncodedTokens,
+    Tokenizer,
     Vocabulary,
     count_words,
     read_text,

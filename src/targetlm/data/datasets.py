@@ -359,7 +359,8 @@ def _synthetic_lines(config: DataConfig, stem: str) -> list[str]:
     if stem not in sizes:
         raise DataError(f"synthetic corpus has splits {', '.join(sizes)}, not {stem!r}")
     tokens = SyntheticLanguage(s.seed, s.nouns, s.verbs, s.adjectives).split(stem, sizes[stem])
-    lines, words = [], []
+    lines: list[str] = []
+    words: list[str] = []
     for token in tokens:  # the generator ends every sentence with <eos>
         if token == EOS:
             lines.append(" ".join(words))

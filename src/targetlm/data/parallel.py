@@ -30,8 +30,15 @@ from targetlm.data.datasets import (
     get_spec,
     parse_split,
 )
-from targetlm.data.tokenizers import SymbolTokenizer, Tokenizer, build_tokenizer
-from targetlm.data.vocab import EOS, DataError, Vocabulary, read_text_lines
+from targetlm.data.tokenizers import build_tokenizer
+from targetlm.data.vocab import (
+    EOS,
+    DataError,
+    SymbolTokenizer,
+    Tokenizer,
+    Vocabulary,
+    read_text_lines,
+)
 
 if TYPE_CHECKING:
     from targetlm.config import DataConfig

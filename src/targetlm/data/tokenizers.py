@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
@@ -39,10 +39,14 @@ import torch
 
 from targetlm.data.vocab import (
     EOS,
+    EOS_ID,
     SPECIALS,
     UNK,
+    UNK_ID,
     DataError,
     EncodedTokens,
+    SymbolTokenizer,
+    Tokenizer,
     Vocabulary,
     tokens_from_lines,
 )
@@ -51,43 +55,10 @@ from targetlm.registry import MAX_COUNT, MAX_VOCAB, ConfigError, Range, Registry
 if TYPE_CHECKING:
     from targetlm.config import DataConfig
 
-UNK_ID, EOS_ID = SPECIALS.index(UNK), SPECIALS.index(EOS)
 NUM_BYTES = 256
 TOKENIZER_FILE = "tokenizer.json"
 CHUNK_LINES = 65536  # lines per encode_batch call: bounds the memory of the encodings
 ADDED_CHAR_STEP = 1e-4  # the unigram trainer's score step between characters it adds at the end
-
-
-class Tokenizer(ABC):
-    """Lines of text -> a token stream with one ``<eos>`` after every line, and back."""
-
-    name: ClassVar[str]
-    file: ClassVar[str | None] = None  # what write() puts into a run directory
-
-    def fit(self, lines: Sequence[str]) -> None:  # noqa: B027 (nothing to learn by default)
-        """Learn from the training split's lines."""
-
-    @abstractmethod
-    def tokenize(self, lines: Sequence[str]) -> Sequence[str]:
-        """The stream of ``lines``: each line's tokens, then ``<eos>``."""
-
-    @abstractmethod
-    def vocabulary(self, tokens: Sequence[str]) -> Vocabulary:
-        """The vocabulary of the training stream ``tokens``, with its counts."""
-
-    @abstractmethod
-    def decode(self, tokens: Sequence[str]) -> str:
-        """The text of a stream; each ``<eos>`` ends a line (``"\\n"``)."""
-
-    def write(self, directory: Path) -> None:  # noqa: B027 (nothing to save by default)
-        """Save what :meth:`read` needs into ``directory`` (a run directory)."""
-
-    def read(self, path: Path) -> None:
-        """Load the file :meth:`write` wrote."""
-        raise DataError(f"the {self.name} tokenizer has no file to read ({path})")
-
-    def check(self, vocab: Vocabulary, where: str) -> None:  # noqa: B027 (any words fit)
-        """Raise :class:`DataError` unless ``vocab`` can be this tokenizer's vocabulary."""
 
 
 TOKENIZERS: Registry[Tokenizer] = Registry("tokenizer")
@@ -133,7 +104,8 @@ class WhitespaceTokenizer(Tokenizer):
         return Vocabulary.build(tokens, self.max_size, self.min_count, tokenizer=self)
 
     def decode(self, tokens: Sequence[str]) -> str:
-        text, line = [], []
+        text: list[str] = []
+        line: list[str] = []
         for token in tokens:
             if token == EOS:
                 text.append(" ".join(line) + "\n")
@@ -141,43 +113,6 @@ class WhitespaceTokenizer(Tokenizer):
             else:
                 line.append(token)
         return "".join(text) + " ".join(line)
-
-
-class SymbolTokenizer(Tokenizer):
-    """A tokenizer with a fixed inventory of symbols whose ids are the vocabulary's ids."""
-
-    @property
-    @abstractmethod
-    def symbols(self) -> list[str]:
-        """The symbols in id order, ``<unk>`` and ``<eos>`` first."""
-
-    @abstractmethod
-    def tokenize(self, lines: Sequence[str]) -> EncodedTokens: ...
-
-    @abstractmethod
-    def decode_ids(self, ids: torch.Tensor) -> str:
-        """The text of a stream of ids (N,)."""
-
-    def vocabulary(self, tokens: Sequence[str]) -> Vocabulary:
-        counts = torch.bincount(self._ids(tokens), minlength=len(self.symbols))
-        return Vocabulary(self.symbols, counts.tolist(), tokenizer=self)
-
-    def decode(self, tokens: Sequence[str]) -> str:
-        return self.decode_ids(self._ids(tokens))
-
-    def check(self, vocab: Vocabulary, where: str) -> None:
-        if vocab.itos != self.symbols:
-            raise DataError(
-                f"{where}: the {self.name} tokenizer's {len(self.symbols):,} symbols do not match "
-                f"the run's vocabulary ({len(vocab):,} entries, vocab.txt): they belong to "
-                "different runs"
-            )
-
-    def _ids(self, tokens: Sequence[str]) -> torch.Tensor:
-        if isinstance(tokens, EncodedTokens) and tokens.tokenizer.symbols == self.symbols:
-            return tokens.ids
-        index = {symbol: i for i, symbol in enumerate(self.symbols)}
-        return torch.tensor([index.get(t, UNK_ID) for t in tokens], dtype=torch.long)
 
 
 def _end_lines(ids: torch.Tensor, lengths: torch.Tensor, eos: int = EOS_ID) -> torch.Tensor:
@@ -309,7 +244,8 @@ class SubwordTokenizer(SymbolTokenizer):
 
     def tokenize(self, lines: Sequence[str]) -> EncodedTokens:
         tokenizer = self._trained()
-        pieces, lengths = [], []
+        pieces: list[np.ndarray] = []
+        lengths: list[int] = []
         for start in range(0, len(lines), CHUNK_LINES):
             encodings = tokenizer.encode_batch_fast(
                 [_spaced(line) for line in lines[start : start + CHUNK_LINES]],
@@ -429,6 +365,7 @@ class PretrainedTokenizer(SubwordTokenizer):
 
     name = "hf"
     model_type = "any"
+    tokenizer_file: str  # always set: the model's directory or name
 
     def __init__(self, tokenizer_file: str | None = None) -> None:
         self._library = _require_library(self.name)

@@ -1,21 +1,25 @@
-"""Reading text, token streams and the Vocabulary."""
+"""Reading text, token streams, the Vocabulary and the tokenizer interface.
+
+:class:`Tokenizer` (and :class:`SymbolTokenizer`, whose ids are the vocabulary's) is declared
+here, beside the :class:`Vocabulary` it makes and is saved with, because each names the other;
+the tokenizers themselves live in :mod:`targetlm.data.tokenizers`, above this module.
+"""
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, overload
+from typing import ClassVar, overload
 
 import torch
-
-if TYPE_CHECKING:
-    from targetlm.data.tokenizers import SymbolTokenizer, Tokenizer
 
 UNK = "<unk>"
 EOS = "<eos>"
 SPECIALS = (UNK, EOS)
+UNK_ID, EOS_ID = SPECIALS.index(UNK), SPECIALS.index(EOS)
 BOM = "\ufeff"  # a UTF-8 byte-order mark: not part of the first word
 
 
@@ -314,6 +318,16 @@ class Vocabulary:
             counts.append(int(count))
         return cls(words, counts)
 
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer that reads text into this vocabulary's tokens (a run's vocabulary
+        always has one); a :class:`DataError` for a vocabulary built from words alone."""
+        if self.tokenizer is None:
+            raise DataError(
+                f"this vocabulary ({len(self)} words) has no tokenizer: it was built from words, "
+                "not loaded with a run"
+            )
+        return self.tokenizer
+
     def save(self, path: str | Path) -> None:
         """Write ``path`` (``vocab.txt``) and, beside it, the tokenizer's own file when it has
         one (``tokenizer.json`` of BPE / unigram): a run directory holds both."""
@@ -334,3 +348,72 @@ class Vocabulary:
     @classmethod
     def from_state_dict(cls, state: dict[str, list]) -> Vocabulary:
         return cls(state["words"], state["counts"])
+
+
+class Tokenizer(ABC):
+    """Lines of text -> a token stream with one ``<eos>`` after every line, and back."""
+
+    name: ClassVar[str]
+    file: ClassVar[str | None] = None  # what write() puts into a run directory
+
+    def fit(self, lines: Sequence[str]) -> None:  # noqa: B027 (nothing to learn by default)
+        """Learn from the training split's lines."""
+
+    @abstractmethod
+    def tokenize(self, lines: Sequence[str]) -> Sequence[str]:
+        """The stream of ``lines``: each line's tokens, then ``<eos>``."""
+
+    @abstractmethod
+    def vocabulary(self, tokens: Sequence[str]) -> Vocabulary:
+        """The vocabulary of the training stream ``tokens``, with its counts."""
+
+    @abstractmethod
+    def decode(self, tokens: Sequence[str]) -> str:
+        """The text of a stream; each ``<eos>`` ends a line (``"\\n"``)."""
+
+    def write(self, directory: Path) -> None:  # noqa: B027 (nothing to save by default)
+        """Save what :meth:`read` needs into ``directory`` (a run directory)."""
+
+    def read(self, path: Path) -> None:
+        """Load the file :meth:`write` wrote."""
+        raise DataError(f"the {self.name} tokenizer has no file to read ({path})")
+
+    def check(self, vocab: Vocabulary, where: str) -> None:  # noqa: B027 (any words fit)
+        """Raise :class:`DataError` unless ``vocab`` can be this tokenizer's vocabulary."""
+
+
+class SymbolTokenizer(Tokenizer):
+    """A tokenizer with a fixed inventory of symbols whose ids are the vocabulary's ids."""
+
+    @property
+    @abstractmethod
+    def symbols(self) -> list[str]:
+        """The symbols in id order, ``<unk>`` and ``<eos>`` first."""
+
+    @abstractmethod
+    def tokenize(self, lines: Sequence[str]) -> EncodedTokens: ...
+
+    @abstractmethod
+    def decode_ids(self, ids: torch.Tensor) -> str:
+        """The text of a stream of ids (N,)."""
+
+    def vocabulary(self, tokens: Sequence[str]) -> Vocabulary:
+        counts = torch.bincount(self._ids(tokens), minlength=len(self.symbols))
+        return Vocabulary(self.symbols, counts.tolist(), tokenizer=self)
+
+    def decode(self, tokens: Sequence[str]) -> str:
+        return self.decode_ids(self._ids(tokens))
+
+    def check(self, vocab: Vocabulary, where: str) -> None:
+        if vocab.itos != self.symbols:
+            raise DataError(
+                f"{where}: the {self.name} tokenizer's {len(self.symbols):,} symbols do not match "
+                f"the run's vocabulary ({len(vocab):,} entries, vocab.txt): they belong to "
+                "different runs"
+            )
+
+    def _ids(self, tokens: Sequence[str]) -> torch.Tensor:
+        if isinstance(tokens, EncodedTokens) and tokens.tokenizer.symbols == self.symbols:
+            return tokens.ids
+        index = {symbol: i for i, symbol in enumerate(self.symbols)}
+        return torch.tensor([index.get(t, UNK_ID) for t in tokens], dtype=torch.long)

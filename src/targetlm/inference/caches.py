@@ -77,7 +77,7 @@ class NeuralCache:
         """predicted x̂ (B, T, d), targets (B, T) -> (p_cache(y_t) (B, T), cache non-empty (B, T))."""
         steps = targets.size(1)
         current = torch.arange(self.offset, self.offset + steps, device=targets.device)  # (T,)
-        if self.keys is None:
+        if self.keys is None or self.values is None or self.positions is None:  # set together
             keys, values, positions = predicted, targets, current
         else:
             keys = torch.cat([self.keys, predicted], 1)  # (B, M + T, d)

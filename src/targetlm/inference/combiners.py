@@ -33,7 +33,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -247,7 +247,7 @@ class HeadEstimates:
         predicted, raw = prediction.main, prediction.heads
         T = predicted.size(1)
         ids = targets
-        if self.outputs is not None:
+        if self.outputs is not None and self.targets is not None:  # set together
             raw = torch.cat([self.outputs, raw], 2)  # (N−1, B, P + T, d)
             ids = torch.cat([self.targets, targets], 1)  # (B, P + T)
         P = raw.size(2) - T  # carried columns: min(N−1, columns already read)
@@ -483,7 +483,7 @@ def build_combiners(
         }
         wanted.append(("neural_cache", options))
     for name, options in wanted:
-        extra = {"uniform_weight": uniform} if name == "new_word_weight" else {}
+        extra: dict[str, Any] = {"uniform_weight": uniform} if name == "new_word_weight" else {}
         combiner = COMBINERS.build(name, options, **extra)
         assert isinstance(combiner, ProbabilityCombiner)
         built.probability.append(combiner)

@@ -75,6 +75,8 @@ def ensemble_predictions(
     model: LanguageModel, inputs: torch.Tensor, targets: torch.Tensor, lam: float
 ) -> torch.Tensor:
     """x̂_ens (B, T, d) of one segment read from the start of its rows (tests, analyses)."""
+    if model.heads is None:
+        raise ValueError("the head ensemble needs a model with N-gram heads (model.heads)")
     weight, _ = model.output()
     prediction = model(inputs)
     estimates, available = HeadEstimates(model.heads, weight)(prediction, targets)

@@ -11,7 +11,7 @@ are this loop with different combiners and outputs.
 
 The logit layer runs full (the (B, T, V) logits) or chunked (:func:`targetlm.chunked.logit_statistics`:
 log Z and the target's logit tile by tile, never the (B, T, V) matrix); ``loss_impl = "auto"``
-(the default) chunks from ``AUTO_CHUNK_ELEMENTS`` (2**25) logits per segment and stream,
+(the default) chunks from ``AUTO_CHUNK_ELEMENTS`` logits per segment and stream,
 unless an ``inspect`` callback asks for the logits. The open-vocabulary mixture reads its
 new-word mass in tiles too (:meth:`StreamLogits.log_mass`); the caches need no logits.
 """
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from targetlm import functional
-from targetlm.chunked import AUTO_CHUNK_ELEMENTS, logit_statistics
+from targetlm.chunked import auto_chunks, logit_statistics
 from targetlm.data.batching import IGNORE
 from targetlm.inference.combiners import BuiltCombiners, ScoringContext, Segment, StreamLogits
 from targetlm.inference.progress import progress_bar
@@ -133,7 +133,7 @@ def evaluate_ids(
                     chunked = loss_impl == "chunked" or (
                         loss_impl == "auto"
                         and inspect is None
-                        and vectors.shape[:-1].numel() * weight.size(0) >= AUTO_CHUNK_ELEMENTS
+                        and auto_chunks(vectors.shape[:-1].numel(), weight.size(0))
                     )
                     if not exact_probs and not chunked:  # summed cross entropy, as in training
                         logits = functional.logits(vectors, weight, bias)  # (B, T, V_scored)

@@ -190,7 +190,7 @@ def check_options(
             f"--speculative {speculative} drafts with the N-gram heads, and this model has none "
             "(model.heads.kind = 'none' or n = 1; --speculative lookup needs no heads)"
         )
-    if speculative in ("heads", "both") and not model.heads.drafts:
+    if speculative in ("heads", "both") and model.heads is not None and not model.heads.drafts:
         raise GenerationError(
             f"--speculative {speculative}: heads of kind {type(model.heads).__name__} cannot "
             "draft (use --speculative lookup)"
@@ -236,10 +236,9 @@ def generate_batch(
     greedy steps. ``draft_tokens``: drafted tokens per step (default: N − 1, or 4 for lookup).
     Raises :class:`GenerationError` for unusable options (see :func:`check_options`).
     """
-    if speculative is True:
-        speculative = "heads"
-    speculative = speculative or None
-    check_options(model, prompts, max_tokens, temperature, top_k, top_p, speculative)
+    name = "heads" if speculative is True else speculative or None
+    check_options(model, prompts, max_tokens, temperature, top_k, top_p, name)
+    drafter = next((d for d in DRAFTERS if d == name), None)  # the checked name, as a Drafter
     generator = torch.Generator(device="cpu")
     if seed is None:
         generator.seed()
@@ -259,7 +258,9 @@ def generate_batch(
     with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens
         while not rows.finished:
             bar.update(max(len(t) for t in rows.tokens) - bar.n)
-            if speculative and read >= longest:  # every row is generating: each at its own pace
+            if (
+                drafter is not None and read >= longest
+            ):  # every row is generating: each at its own pace
                 texts = [i + rows_ids for i, rows_ids in zip(ids, rows.ids)]
                 stats = speculative_decode(
                     model,
@@ -270,7 +271,7 @@ def generate_batch(
                     read,
                     rows,
                     texts,
-                    speculative,
+                    drafter,
                     draft_tokens,
                 )
                 break

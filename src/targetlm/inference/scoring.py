@@ -136,7 +136,7 @@ def score_streams(
         input_ids = target_ids.masked_fill(target_ids >= known, unk)
     weight, bias = model.output()
     compositional = open_vocabulary and isinstance(model.output, OpenVocabularyOutput)
-    if compositional and new_words:
+    if compositional and new_words and isinstance(model.output, OpenVocabularyOutput):
         grounding = _grounding(model.output, eval_words[known:], lexicon)
         weight, bias = model.output.embed_words(eval_words, grounding)
     context = ScoringContext(
@@ -163,7 +163,12 @@ def score_streams(
         device=device,
     )
     is_new = torch.tensor([w not in vocab for w in tokens])
-    return [TokenScores(r.log_probs, is_new, list(tokens)) for r in results]
+    scores = []
+    for result in results:
+        if result.log_probs is None:  # never: per_token=True keeps them
+            raise RuntimeError("evaluate_ids kept no per-token log-probabilities")
+        scores.append(TokenScores(result.log_probs, is_new, list(tokens)))
+    return scores
 
 
 def _grounding(

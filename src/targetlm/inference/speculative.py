@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 Drafter = Literal["heads", "lookup", "both"]
-DRAFTERS: tuple[str, ...] = ("heads", "lookup", "both")
+DRAFTERS: tuple[Drafter, ...] = ("heads", "lookup", "both")
 LOOKUP_TOKENS = 4  # tokens prompt lookup drafts per step when no heads set the draft length
 
 
@@ -89,8 +89,8 @@ def draft(
     raw = heads(predicted[:, None])[:length]  # (length, B, 1, d): the heads at column t only
     if not heads.reads_words:  # x̂_{t+n} needs no drafted word: every head in one product
         vectors = heads.reconstruct(raw, predicted.new_zeros(batch, length + 1, d))[:, :, 0]
-        tokens = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
-        return torch.cat([first[:, None], tokens.t()], 1)
+        drafts = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
+        return torch.cat([first[:, None], drafts.t()], 1)
     tokens = [first]
     # x_t..x_{t+N−1} = E_out of the drafted words, zeros where not drafted yet: head n's
     # conjugate reads x_t..x_{t+n−1} only (drafted by then), and reconstruct defines column t
@@ -208,7 +208,7 @@ def speculative_decode(
     while alive:
         fits = context is None or int(lengths.max()) + length + 1 <= context
         drafted = first[:, None]
-        if fits and use_heads:
+        if fits and use_heads and heads is not None:
             drafted = draft(heads, weight, bias, first, predicted, length)
         if fits and lookup is not None:
             drafted = _looked_up(lookup, drafted, length)
@@ -293,6 +293,13 @@ def _kept_state(
         if state is not None:
             return state
     # the rows that keep the same number of tokens re-read them from the saved state
+    if not (
+        isinstance(encoder, RowSelectableEncoder) and isinstance(encoder, RowConcatenableEncoder)
+    ):
+        raise ValueError(
+            f"{type(encoder).__name__}: rows that keep different numbers of drafted tokens are "
+            "re-read in groups, which needs states whose rows can be selected and concatenated"
+        )
     parts, order = [], []
     for kept in sorted(set(keep.tolist())):
         index = torch.nonzero(keep == kept).squeeze(1).to(drafted.device)

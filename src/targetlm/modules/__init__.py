@@ -9,7 +9,6 @@ from targetlm.modules.encoders import (
     Encoder,
     LockedDropout,
     LstmEncoder,
-    TransformerEncoder,
 )
 from targetlm.modules.groc_embedding import GrocEmbedding
 from targetlm.modules.groc_output import CharCnnOutput, CompositionalOutput, GrocOutput
@@ -81,7 +80,6 @@ __all__ = [
     "OutputLayer",
     "SimpleHeads",
     "TiedOutput",
-    "TransformerEncoder",
     "TransformerSeq2Seq",
     "DecoderState",
     "WdrHeads",

@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +50,12 @@ def index_strings(
     ids: dict[str, int] = {}
     word = [ids.setdefault(w, len(ids)) for w in words]
     bags = []
-    for wanted, entries in (
-        (relations and lexicon is not None, lambda w: lexicon.relations(w)),
-        (definitions and lexicon is not None, lambda w: lexicon.definition(w)),
-    ):
-        flat, offsets = [], [0]
+    sources = (None, None) if lexicon is None else (lexicon.relations, lexicon.definition)
+    for wanted, entries in zip((relations, definitions), sources):
+        flat: list[int] = []
+        offsets = [0]
         for w in words:
-            if wanted:
+            if wanted and entries is not None:
                 flat.extend(ids.setdefault(s, len(ids)) for s in entries(w))
             offsets.append(len(flat))
         bags.append((flat, offsets))
@@ -97,8 +96,11 @@ class Highway(nn.Module):
     def __init__(self, size: int, num_layers: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(size, 2 * size) for _ in range(num_layers))
-        for layer in self.layers:
+        for layer in self._linears():
             nn.init.constant_(layer.bias[size:], -2.0)
+
+    def _linears(self) -> Iterable[nn.Linear]:
+        return cast("Iterable[nn.Linear]", self.layers)  # a ModuleList of them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -114,6 +116,8 @@ class CharCnn(nn.Module):
     Character embeddings, one convolution per width, max over the positions of the word,
     tanh, then highway layers. S = channels_per_width · len(widths).
     """
+
+    widths: torch.Tensor  # (S,) buffer: each output channel's filter width
 
     def __init__(
         self,
@@ -148,9 +152,12 @@ class CharCnn(nn.Module):
         zero-padded on the right): weight (S, char_size * K), bias (S,)."""
         K = self.max_width
         weight = torch.cat(
-            [F.pad(conv.weight, (0, K - conv.kernel_size[0])) for conv in self.convolutions]
+            [F.pad(conv.weight, (0, K - conv.kernel_size[0])) for conv in self._convolutions()]
         ).flatten(1)
-        return weight, torch.cat([conv.bias for conv in self.convolutions])
+        return weight, torch.cat([conv.get_parameter("bias") for conv in self._convolutions()])
+
+    def _convolutions(self) -> Iterable[nn.Conv1d]:
+        return cast("Iterable[nn.Conv1d]", self.convolutions)  # a ModuleList of them
 
     def forward(self, chars: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """chars (N, L) padded to at least the widest filter, lengths (N,) -> (N, S).

@@ -27,8 +27,9 @@ objectives read it::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -249,6 +250,12 @@ class DiffusionDenoiser(Encoder):
 
     conditional = True
     denoiser = True  # a diffusion denoiser: read by task.kind = "diffusion" only
+    max_context: int  # bounded: the positions' tables have max_context rows
+    # (max_context, d) each: parameters (learned) or buffers (sinusoidal)
+    source_positions: torch.Tensor
+    target_positions: torch.Tensor
+    sigma_min: torch.Tensor  # () buffer: DINOISER's clipping threshold
+    training_batches: torch.Tensor  # () long buffer: batches trained (the clip's schedule)
 
     def __init__(
         self,
@@ -321,7 +328,10 @@ class DiffusionDenoiser(Encoder):
         """``state`` with every denoiser layer's cross-attention keys and values of the memory,
         for decoding (K calls read one source; :meth:`DenoiserState.select` keeps them)."""
         cached = tuple(
-            layer.cross_attention.keys_values(state.memory) for layer in self.decoder_layers
+            layer.cross_attention.keys_values(state.memory)
+            for layer in cast(
+                "Iterable[DenoiserLayer]", self.decoder_layers
+            )  # a ModuleList of them
         )
         return replace(state, memory_keys_values=cached)
 

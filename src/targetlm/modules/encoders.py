@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch.func import functional_call
 
 from targetlm.registry import Fraction, Positive, Registry, Size
 
-ENCODERS: Registry[nn.Module] = Registry("encoder", context=("input_size",))
+ENCODERS: Registry[Encoder] = Registry("encoder", context=("input_size",))
 
 
 class Encoder(nn.Module):
@@ -62,6 +62,7 @@ class LockedDropout(nn.Module):
 
 
 LstmState = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (h, c), each (1, B, H)
+LSTM_WEIGHTS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")  # an nn.LSTM layer's, by name
 
 
 @ENCODERS.register("lstm")
@@ -152,14 +153,16 @@ class LstmEncoder(Encoder):
     ) -> tuple[torch.Tensor, tuple, torch.Tensor | None]:
         """(outputs (B, T, H), (h, c), the recurrent mask (B, H) or None)."""
         if self.training and self.dropout_recurrent > 0:
-            weight_hh = layer.weight_hh_l0
-            if self.weight_drop > 0:
-                weight_hh = F.dropout(weight_hh, self.weight_drop, True)
+            weight_ih, weight_hh, bias_ih, bias_hh = (
+                layer.get_parameter(f"{name}_l0") for name in LSTM_WEIGHTS
+            )
+            recurrent = (
+                F.dropout(weight_hh, self.weight_drop, True) if self.weight_drop > 0 else weight_hh
+            )
             mask = dropout_mask(x, (x.size(0), layer.hidden_size), self.dropout_recurrent)
-            weights = (layer.weight_ih_l0, weight_hh, layer.bias_ih_l0, layer.bias_hh_l0)
-            return *lstm_recurrence(x, *weights, hx, mask), mask
+            return *lstm_recurrence(x, weight_ih, recurrent, bias_ih, bias_hh, hx, mask), mask
         if self.training and self.weight_drop > 0:
-            dropped = F.dropout(layer.weight_hh_l0, self.weight_drop, True)
+            dropped = F.dropout(layer.get_parameter("weight_hh_l0"), self.weight_drop, True)
             return *functional_call(layer, {"weight_hh_l0": dropped}, (x, hx)), None
         return *layer(x, hx), None
 
@@ -167,7 +170,8 @@ class LstmEncoder(Encoder):
         x = self.drop_input(x)  # (B, T, input_size)
         new_state: LstmState = []
         for i, layer in enumerate(self.layers):
-            x, (h, c), mask = self._run_layer(layer, x, None if state is None else tuple(state[i]))
+            lstm = cast(nn.LSTM, layer)  # the ModuleList holds nn.LSTMs only
+            x, (h, c), mask = self._run_layer(lstm, x, None if state is None else tuple(state[i]))
             new_state.append((h, c))
             if mask is not None and self.tie_recurrent_mask:
                 x = x * mask[:, None]  # the state's mask drops the output too (Inan et al.)
@@ -241,7 +245,7 @@ FEEDFORWARD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 class CausalTransformer(Encoder):
     """Causal Transformer decoder stack (no cross-attention), pre-LN or post-LN.
 
-    Registered as ``transformer``; ``TransformerEncoder`` is its former name (an alias).
+    Registered as ``transformer``.
 
     The state is the last ``max_context - 1`` inputs (B, P, input_size), detached:
     given a segment of T tokens, each is encoded with the window of the
@@ -320,6 +324,8 @@ class CausalTransformer(Encoder):
         )
         self.norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
 
+    max_context: int  # bounded: the positions' table has max_context rows
+    positions: torch.Tensor  # (max_context, d): a parameter (learned) or a buffer (sinusoidal)
     kv_cache: bool = True  # eval mode reuses the keys/values of the window (False: recompute)
 
     def forward(
@@ -330,9 +336,14 @@ class CausalTransformer(Encoder):
             raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
         if isinstance(state, RaggedState):
             return self._forward_ragged(x, state)
-        past, cache = _split_state(state)
+        past, cache = (None, None) if state is None else _split_state(state)
         cached = not self.training and self.kv_cache
-        if cached and cache is not None and past.size(1) + segment <= self.max_context:
+        if (
+            cached
+            and past is not None
+            and cache is not None
+            and past.size(1) + segment <= self.max_context
+        ):
             # the window does not slide: only the segment's positions are computed
             start = past.size(1)
             window = torch.cat([past, x], 1)
@@ -367,6 +378,8 @@ class CausalTransformer(Encoder):
         """The state as if its last ``n`` tokens had not been read, or None where that is
         unknown: only a cached state (eval mode, window not slid) holding more than ``n``
         tokens keeps what reading fewer tokens would have given (the same window start)."""
+        if state is None:
+            return None
         past, cache = _split_state(state)
         if cache is None or not 0 <= n < past.size(1):
             return None
@@ -407,23 +420,26 @@ class CausalTransformer(Encoder):
     def concat_rows(self, states: Sequence) -> RaggedState:
         """One state whose rows are those of ``states`` one after the other (a
         :class:`RaggedState`; cached keys and values only if every part has them)."""
-        parts = [_as_ragged(s) for s in states]
-        if any(p is None for p in parts):
-            raise ValueError("concat_rows: a state of no tokens has no rows")
+        parts: list[RaggedState] = []
+        for s in states:
+            part = _as_ragged(s)
+            if part is None:
+                raise ValueError("concat_rows: a state of no tokens has no rows")
+            parts.append(part)
         width = max(p.inputs.size(1) for p in parts)
         inputs = torch.cat([F.pad(p.inputs, (0, 0, 0, width - p.inputs.size(1))) for p in parts])
         lengths = torch.cat([p.lengths for p in parts])
-        if any(p.keys_values is None for p in parts):
+        caches = [p.keys_values for p in parts if p.keys_values is not None]
+        if len(caches) < len(parts):
             return RaggedState(inputs, lengths, None)
-        cache = []
-        for layer in range(len(parts[0].keys_values)):
-            pairs = [p.keys_values[layer] for p in parts]
-            cache.append(
-                tuple(
-                    torch.cat([F.pad(kv[i], (0, 0, 0, width - kv[i].size(2))) for kv in pairs])
-                    for i in (0, 1)
-                )
+        cache: list[KeyValue] = []
+        for layer in range(len(caches[0])):
+            pairs = [part_cache[layer] for part_cache in caches]
+            keys, values = (
+                torch.cat([F.pad(kv[i], (0, 0, 0, width - kv[i].size(2))) for kv in pairs])
+                for i in (0, 1)
             )
+            cache.append((keys, values))
         return RaggedState(inputs, lengths, tuple(cache))
 
     def _forward_ragged(
@@ -435,14 +451,14 @@ class CausalTransformer(Encoder):
         total = state.lengths + segment  # (B,) tokens per row after x
         longest = int(total.max())
         stream = _write_columns(state.inputs, x, state.lengths, longest)  # (B, longest, ·)
-        cached = not self.training and self.kv_cache and state.keys_values is not None
-        if cached and longest <= self.max_context:  # no row's window slides
+        cache = state.keys_values if not self.training and self.kv_cache else None
+        if cache is not None and longest <= self.max_context:  # no row's window slides
             columns = state.lengths[:, None] + offsets  # (B, T): each row's own positions
             h = self.drop(self.input_map(x) + self.positions[columns])
             # query i of row b sees keys 0..lengths[b] + i (later keys: other drafts, padding)
             visible = torch.arange(longest, device=x.device) <= columns[..., None]  # (B, T, L)
             keys_values = []
-            for block, kv in zip(self.blocks, state.keys_values):
+            for block, kv in zip(self.blocks, cache):
                 h, kv = block(h, kv, columns=columns, mask=visible[:, None])
                 keys_values.append(kv)
             return self.norm(h), RaggedState(stream, total, tuple(keys_values))
@@ -518,20 +534,25 @@ KeyValue = tuple[torch.Tensor, torch.Tensor]  # keys and values, each (B, heads,
 TransformerState = tuple[torch.Tensor, tuple[KeyValue, ...]]  # (window inputs, per-layer cache)
 
 
+@overload
+def _split_state(state: torch.Tensor) -> tuple[torch.Tensor, None]: ...
+
+
+@overload
+def _split_state(state: TransformerState) -> tuple[torch.Tensor, tuple[KeyValue, ...]]: ...
+
+
 def _split_state(
-    state: torch.Tensor | TransformerState | None,
-) -> tuple[torch.Tensor | None, tuple[KeyValue, ...] | None]:
-    """A transformer state as (window inputs (B, P, input_size) or None, per-layer keys and
-    values or None); a checkpointed state comes back as lists (``state_to_list``)."""
-    if state is None or isinstance(state, torch.Tensor):
+    state: torch.Tensor | TransformerState | RaggedState,
+) -> tuple[torch.Tensor, tuple[KeyValue, ...] | None]:
+    """A transformer state as (window inputs (B, P, input_size), per-layer keys and values or
+    None); a checkpointed state comes back as lists (``state_to_list``)."""
+    if isinstance(state, torch.Tensor):
         return state, None
     if isinstance(state, RaggedState):
         raise ValueError("a state with rows of different lengths has no common window")
     past, cache = state
     return past, tuple((k, v) for k, v in cache)
-
-
-TransformerEncoder = CausalTransformer  # the former name: it is a decoder stack, not an encoder
 
 
 class TransformerBlock(nn.Module):
@@ -597,6 +618,8 @@ class TransformerBlock(nn.Module):
             for y in self.qkv(x).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
         )
         if columns is not None:  # rows of different lengths: write at each row's positions
+            if past is None or mask is None:
+                raise ValueError("writing at each row's positions needs its keys/values and mask")
             width = mask.size(-1)
             k = _write_columns(past[0], k, columns[:, 0], width, dim=2)
             v = _write_columns(past[1], v, columns[:, 0], width, dim=2)

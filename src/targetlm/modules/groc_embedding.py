@@ -30,6 +30,9 @@ class GrocEmbedding(nn.Module):
     lexicon options of :class:`GrocOutput`.
     """
 
+    encoder: GroundedEncoder
+    index_word: torch.Tensor  # (V,) buffer: each word's string id (one of the index_* buffers)
+
     def __init__(
         self,
         words: Sequence[str],
@@ -124,7 +127,7 @@ def shared_encoder(
         problem = f"the input embedding size ({embedding.size}) to equal the output size ({size})"
     elif (embedding.encoder.relations, embedding.encoder.definitions) != (relations, definitions):
         problem = "the same relations/definitions settings on both sides"
-    if problem is None:
+    if problem is None and isinstance(embedding, GrocEmbedding):
         return embedding.encoder
     if required:
         raise ValueError(f"share_encoder needs {problem}")

@@ -42,6 +42,8 @@ class CompositionalOutput(OutputLayer):
     between.
     """
 
+    index_word: torch.Tensor  # (V,) buffer: each word's string id (one of the index_* buffers)
+
     def __init__(
         self,
         words: Sequence[str],
@@ -287,13 +289,13 @@ class CharCnnOutput(CompositionalOutput):
             raise ValueError(f"correction must be >= 0, got {correction}")
         self.correction = nn.Embedding(len(self.words), correction) if correction else None
         self.correction_map = nn.Linear(correction, hidden_size, bias=False) if correction else None
-        if correction:
+        if self.correction_map is not None:
             nn.init.zeros_(self.correction_map.weight)  # starts as the plain CNN softmax
         self.stoi = {w: i for i, w in enumerate(self.words)}
 
     def compose(self, index: StringIndex, words: Sequence[str] | None = None) -> torch.Tensor:
         weight = self.encoder(index)  # (V, d)
-        if self.correction is None:
+        if self.correction is None or self.correction_map is None:
             return weight
         if words is None:
             return weight + self.correction_map(self.correction.weight)

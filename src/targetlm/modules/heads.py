@@ -33,7 +33,7 @@ from targetlm.registry import ConfigError, Range, Registry, Size
 if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
 
-HEADS: Registry[nn.Module] = Registry("heads", context=("embedding_dim",))
+HEADS: Registry[NgramHeads] = Registry("heads", context=("embedding_dim",))
 
 # N: the WDR conjugate sums binomial(N, i)-weighted words, which overflow int64 from N = 67
 MAX_HEADS = 64
@@ -86,14 +86,16 @@ class NgramHeads(nn.Module):
         self.num_predictions = n
         self.residual = residual
         d, hidden = embedding_dim, hidden_size or embedding_dim
-        self.mlps = nn.ModuleList(
-            nn.Sequential(nn.Linear(d, hidden), ACTIVATIONS[activation](), nn.Linear(hidden, d))
-            for _ in range(n - 1)
-        )
-        if residual:
-            for mlp in self.mlps:
-                nn.init.zeros_(mlp[-1].weight)
-                nn.init.zeros_(mlp[-1].bias)
+        lasts = []
+        self.mlps = nn.ModuleList()
+        for _ in range(n - 1):
+            first, act, last = nn.Linear(d, hidden), ACTIVATIONS[activation](), nn.Linear(hidden, d)
+            self.mlps.append(nn.Sequential(first, act, last))  # initialised in this order
+            lasts.append(last)
+        if residual:  # each head starts as the identity: its last layer outputs zeros
+            for last in lasts:
+                nn.init.zeros_(last.weight)
+                nn.init.zeros_(last.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """h (B, T, d) -> the heads' raw outputs MLP^n(h) (plus h when residual) stacked:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from targetlm.modules.encoders import Encoder
+from targetlm.modules.heads import NgramHeads
 from targetlm.modules.outputs import OutputLayer
 from targetlm.pretrained import require_transformers, resolve
 from targetlm.registry import ConfigError, Registry, Size
@@ -77,7 +78,11 @@ class HfEncoder(Encoder):
     reads independent blocks (``train.carry_state = false``): no cache is kept.
     """
 
-    def __init__(self, body: nn.Module, max_context: int) -> None:
+    max_context: int  # bounded: the model's positions, or fewer
+    pretrained: list[Any]  # the whole transformers model, set by HfBackbone (for export)
+
+    def __init__(self, body: Any, max_context: int) -> None:
+        """``body``: the transformers model's base model (an ``nn.Module``)."""
         super().__init__()
         self.body = body
         self.output_size = body.config.hidden_size
@@ -182,10 +187,11 @@ class HfBackbone:
             raise ValueError("set exactly one of path (a pretrained model) and config")
         transformers = require_transformers()
         meta = torch.empty(0).device.type == "meta"
+        self.model: PretrainedModel
         if config is not None:
             model_config = _config_from_table(transformers, config)
             self.model = _from_config(transformers, model_config, "model.backbone.config")
-        else:
+        elif path is not None:
             directory = resolve(path)
             model_config = transformers.AutoConfig.from_pretrained(directory)
             if meta:
@@ -225,7 +231,11 @@ def _config_from_table(transformers: Any, table: dict[str, Any]) -> Any:
         raise ConfigError(f"model.backbone.config: {error}") from None
 
 
-def _from_config(transformers: Any, config: Any, key: str) -> nn.Module:
+# A transformers model is typed Any: transformers is an optional dependency, imported lazily
+PretrainedModel = Any
+
+
+def _from_config(transformers: Any, config: Any, key: str) -> PretrainedModel:
     try:
         return transformers.AutoModelForCausalLM.from_config(config)
     except ValueError:
@@ -238,7 +248,7 @@ SAFETENSORS_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
-def _pretrained(transformers: Any, directory: Path) -> nn.Module:
+def _pretrained(transformers: Any, directory: Path) -> PretrainedModel:
     """The model of a ``save_pretrained`` directory, from safetensors weights only: a pickled
     ``pytorch_model.bin`` (which can run code when loaded) is refused before it is opened."""
     if not any((directory / name).is_file() for name in SAFETENSORS_WEIGHTS):
@@ -285,7 +295,7 @@ def export(
             for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
                 if (tokenizer_dir / name).is_file():
                     shutil.copyfile(tokenizer_dir / name, staging / name)
-        if model.heads is not None:
+        if isinstance(model.heads, NgramHeads):
             heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
             metadata = {"kind": type(model.heads).__name__, "n": str(model.heads.num_predictions)}
             save_file(heads, str(staging / "heads.safetensors"), metadata=metadata)

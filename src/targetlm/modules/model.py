@@ -18,7 +18,7 @@ from torch import nn
 
 from targetlm.lexicon.lexicon import Lexicon
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS
-from targetlm.modules.encoders import ENCODERS
+from targetlm.modules.encoders import ENCODERS, Encoder
 from targetlm.modules.heads import NgramHeads, build_heads
 from targetlm.modules.outputs import OUTPUT_LAYERS, OutputLayer
 
@@ -55,7 +55,7 @@ class LanguageModel(nn.Module):
     def __init__(
         self,
         embedding: nn.Module,
-        encoder: nn.Module,
+        encoder: Encoder,
         output: OutputLayer,
         heads: NgramHeads | None = None,
     ) -> None:
@@ -86,7 +86,9 @@ class LanguageModel(nn.Module):
         """
         hidden, state = self.encode(tokens, state)
         predicted = self.projection(hidden)
-        heads = self.heads(predicted) if run_heads and self.num_heads else None
+        heads = None
+        if run_heads and self.heads is not None and self.num_heads:
+            heads = self.heads(predicted)
         return Prediction(predicted, heads, state)
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:

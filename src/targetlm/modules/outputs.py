@@ -20,7 +20,7 @@ from targetlm.registry import MAX_VOCAB, Count, Fraction, Positive, Range, Regis
 
 # builders supply: the vocabulary size and its word strings, the encoder's output size,
 # the built input embedding, and (for GroC) the lexicon of the vocabulary
-OUTPUT_LAYERS: Registry[nn.Module] = Registry(
+OUTPUT_LAYERS: Registry[OutputLayer] = Registry(
     "output layer", context=("vocab_size", "words", "hidden_size", "embedding", "lexicon")
 )
 
@@ -97,7 +97,7 @@ class BilinearOutput(OutputLayer):
     """
 
     def __init__(
-        self, vocab_size: int, embedding: nn.Module, hidden_size: int, bias: bool = True
+        self, vocab_size: int, embedding: EmbeddingTable, hidden_size: int, bias: bool = True
     ) -> None:
         super().__init__()
         self.embedding = [embedding]  # a list: the shared table is owned (and counted) once
@@ -169,7 +169,7 @@ class DeepResidualOutput(OutputLayer):
     def __init__(
         self,
         vocab_size: int,
-        embedding: nn.Module,
+        embedding: EmbeddingTable,
         depth: Count = 2,
         activation: Literal["relu", "selu", "tanh"] = "relu",
         dropout: Fraction = 0.0,

@@ -19,8 +19,9 @@ the decoder's input embedding is tied to the output layer (``model.output.kind =
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -256,6 +257,8 @@ class TransformerSeq2Seq(Encoder):
     """
 
     conditional = True  # needs a source: forward's state comes from start()
+    max_context: int  # bounded: the positions' table has max_context rows
+    positions: torch.Tensor  # (max_context, d): a parameter (learned) or a buffer (sinusoidal)
 
     def __init__(
         self,
@@ -293,6 +296,9 @@ class TransformerSeq2Seq(Encoder):
         self.encoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
 
+    def _decoder_stack(self) -> Iterable[DecoderLayer]:
+        return cast("Iterable[DecoderLayer]", self.decoder_layers)  # a ModuleList of them
+
     def _check_length(self, length: int, what: str) -> None:
         if length > self.max_context:
             raise ValueError(
@@ -313,7 +319,7 @@ class TransformerSeq2Seq(Encoder):
         state = DecoderState(self.encoder_norm(h), mask)
         if cache:
             memory_kv = tuple(
-                layer.cross_attention.keys_values(state.memory) for layer in self.decoder_layers
+                layer.cross_attention.keys_values(state.memory) for layer in self._decoder_stack()
             )
             state = replace(state, self_kv=(), memory_kv=memory_kv)
         return state
@@ -335,7 +341,7 @@ class TransformerSeq2Seq(Encoder):
         memory_kv = state.memory_kv
         if memory_kv is None:
             memory_kv = tuple(
-                layer.cross_attention.keys_values(state.memory) for layer in self.decoder_layers
+                layer.cross_attention.keys_values(state.memory) for layer in self._decoder_stack()
             )
         new_kv = []
         for i, layer in enumerate(self.decoder_layers):

@@ -10,6 +10,7 @@ from torch import nn
 from targetlm import functional
 from targetlm.chunked import LogitTerms
 from targetlm.data.batching import IGNORE
+from targetlm.modules.interfaces import EmbeddingTable
 from targetlm.objectives.base import OBJECTIVES, LossOutput
 from targetlm.registry import Fraction, NonNegative, Positive, Probability
 
@@ -48,7 +49,7 @@ class AugmentedLossObjective(nn.Module):
         z_loss: NonNegative = 0.0,
         detach_target: bool = True,
         target_source: Literal["input", "output"] = "input",
-        embedding: nn.Module | None = None,
+        embedding: EmbeddingTable | None = None,
     ) -> None:
         super().__init__()
         if target_source == "input" and embedding is None:
@@ -71,7 +72,7 @@ class AugmentedLossObjective(nn.Module):
         self.z_loss = z_loss
         self.detach_target = detach_target
         # a list so the embedding's parameters stay owned (and counted) by the model only
-        self.embedding = [embedding] if target_source == "input" else None
+        self.embedding = [embedding] if target_source == "input" and embedding is not None else None
 
     @property
     def chunkable(self) -> bool:

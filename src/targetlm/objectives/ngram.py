@@ -11,9 +11,9 @@ from torch import nn
 
 from targetlm import functional
 from targetlm.chunked import (
-    AUTO_CHUNK_ELEMENTS,
     CHUNK_TOKENS,
     CHUNK_VOCAB,
+    auto_chunks,
     check_targets,
     chunked_logit_loss,
 )
@@ -54,7 +54,7 @@ class NgramLoss(nn.Module):
     :func:`targetlm.chunked.chunked_logit_loss` call with the objective's
     ``logit_terms``: E_out (and AL's table) is built and read once per step, and no
     (tokens × V) matrix exists. ``auto``: chunked when the objective allows it and the step
-    has at least ``AUTO_CHUNK_ELEMENTS`` (2**25) logits, rows (all heads) × V. Equal results
+    has at least ``AUTO_CHUNK_ELEMENTS`` logits, rows (all heads) × V. Equal results
     within float tolerance.
 
     ``forward(prediction, targets, weight, bias)``: the model's :class:`Prediction` (x̂
@@ -157,12 +157,13 @@ class NgramLoss(nn.Module):
 
     def uses_chunked(self, rows: int, vocab_size: int) -> bool:
         """Whether a step of ``rows`` scored rows (all heads) over ``vocab_size`` words runs
-        chunked: always (``chunked``), never (``full``), or from 2**25 logits (``auto``)."""
+        chunked: always (``chunked``), never (``full``), or by :func:`~targetlm.chunked.auto_chunks`
+        (``auto``)."""
         if self.loss_impl == "auto":
             chunkable = getattr(self.objective, "chunkable", False) and getattr(
                 self.heads_objective, "chunkable", False
             )
-            return chunkable and rows * vocab_size >= AUTO_CHUNK_ELEMENTS
+            return chunkable and auto_chunks(rows, vocab_size)
         return self.loss_impl == "chunked"
 
     def forward(
