@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -20,7 +20,7 @@ from targetlm.chunked import (
 from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.objectives.base import OBJECTIVES, LossOutput
+from targetlm.objectives.base import OBJECTIVES, LossOutput, Objective
 from targetlm.registry import ConfigError, Fraction, NonNegative, Positive, check_type
 
 if TYPE_CHECKING:
@@ -79,14 +79,14 @@ class NgramLoss(nn.Module):
 
     def __init__(
         self,
-        objective: nn.Module,
+        objective: Objective,
         heads: NgramHeads | None = None,
         alpha: float = 1.0,
         loss_impl: LossImpl = "full",
         chunk_tokens: int = CHUNK_TOKENS,
         chunk_vocab: int = CHUNK_VOCAB,
         main_weight: float = 0.5,
-        heads_objective: nn.Module | None = None,
+        heads_objective: Objective | None = None,
     ) -> None:
         super().__init__()
         if not alpha >= 0:
@@ -99,7 +99,7 @@ class NgramLoss(nn.Module):
             raise ValueError(f"the loss tile must be >= 1 x 1, got {chunk_tokens} x {chunk_vocab}")
         heads_objective = objective if heads_objective is None else heads_objective
         for each in {id(objective): objective, id(heads_objective): heads_objective}.values():
-            if loss_impl == "chunked" and not getattr(each, "chunkable", False):
+            if loss_impl == "chunked" and not each.chunkable:
                 raise ValueError(
                     f"loss_impl = 'chunked': {type(each).__name__} cannot run chunked "
                     "(AL needs detach_target = true); use 'full' or 'auto'"
@@ -109,7 +109,11 @@ class NgramLoss(nn.Module):
         self.objective = objective
         self.heads_objective = heads_objective
         self.main_weight = main_weight
-        self.heads = [heads]  # a list so the heads stay registered in the model only
+        # the heads' WDR conjugate (from the true words); the heads themselves (and their
+        # parameters) are the model's, so only this function of theirs is kept here
+        self.reconstruct: Callable[..., torch.Tensor] | None = (
+            None if heads is None else heads.reconstruct
+        )
         self.alpha = alpha
         # extra target columns the trainer supplies
         self.lookahead = 0 if heads is None else heads.num_predictions - 1
@@ -140,13 +144,12 @@ class NgramLoss(nn.Module):
         rows = [(predicted, targets[:, :T])]
         if self.lookahead == 0:
             return rows
-        heads = self.heads[0]
-        if prediction.heads is None:
+        if prediction.heads is None or self.reconstruct is None:
             raise ValueError("the N-gram loss needs the heads' outputs: call the model with them")
         real = targets != IGNORE  # (B, T + N − 1)
         # x_s = E_out[y_s] for the WDR conjugate, which is detached anyway
         embeddings = weight.detach()[targets.masked_fill(~real, 0)]  # (B, T + N − 1, d)
-        predictions = heads.reconstruct(prediction.heads, embeddings)  # (N−1, B, T, d)
+        predictions = self.reconstruct(prediction.heads, embeddings)  # (N−1, B, T, d)
         for n, head_prediction in enumerate(predictions, 1):
             # head n at t predicts y_{t+n}; it counts where y_t..y_{t+n} are all real words
             # (padding only ever ends a row, so: the positions that have a target t+n)
@@ -159,9 +162,7 @@ class NgramLoss(nn.Module):
         """Whether a step of ``rows`` scored rows (all heads) over ``vocab_size`` words runs
         chunked: always (``chunked``), never (``full``), or from 2**25 logits (``auto``)."""
         if self.loss_impl == "auto":
-            chunkable = getattr(self.objective, "chunkable", False) and getattr(
-                self.heads_objective, "chunkable", False
-            )
+            chunkable = self.objective.chunkable and self.heads_objective.chunkable
             return chunkable and rows * vocab_size >= AUTO_CHUNK_ELEMENTS
         return self.loss_impl == "chunked"
 
@@ -281,7 +282,7 @@ def build_objective(
             config.kind, smoothing, "objective", embedding=model.embedding
         )
     if loss_impl == "chunked" and not all(
-        getattr(o, "chunkable", False) for o in (objective, heads_objective or objective)
+        o.chunkable for o in (objective, heads_objective or objective)
     ):
         raise ConfigError(
             f"train.loss_impl = 'chunked': objective {config.kind!r} with these options cannot "

@@ -3,14 +3,19 @@ Transformers, every token scored once in evaluation; ``targetlm.data.batching``)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, overload
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
+from torch import nn
 
 from targetlm.data.batching import StreamBatches
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.tasks.base import TASKS, Batch, StreamTask
+from targetlm.tasks.base import TASKS, Batch, StreamTask, TaskData
+
+if TYPE_CHECKING:
+    from targetlm.config import Config
+    from targetlm.data.vocab import Vocabulary
 
 
 class StreamBatchSequence(Sequence[Batch]):
@@ -57,7 +62,86 @@ class StreamBatchSequence(Sequence[Batch]):
 
 @TASKS.register("lm")
 class LanguageModelingTask(StreamTask):
-    """Language modelling on one stream: column t reads token t and predicts token t + 1."""
+    """Language modelling on one stream: column t reads token t and predicts token t + 1.
+
+    Data: the corpus's splits (``targetlm.data.load_corpus``), each one stream with the
+    context token first; evaluation: every token scored once (perplexity); final figures:
+    perplexity, OOV rate and the unigram perplexity of each split.
+    """
+
+    finetunable = True
+
+    def load_data(
+        self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]
+    ) -> TaskData:
+        from targetlm.data import load_corpus, with_context_token
+        from targetlm.data.datasets import check_training_tokens
+
+        c = config.data
+        corpus = load_corpus(c)
+        check_training_tokens(c, corpus)
+        vocab = corpus.vocab
+        if base_vocabulary is not None:  # finetuning: the source run's words keep their ids
+            vocab = base_vocabulary.extend(corpus.splits[c.train])
+        ids = {
+            split: with_context_token(vocab.encode(tokens), vocab.eos_id)
+            for split, tokens in corpus.splits.items()
+        }
+        splits = {role: ids[getattr(c, role)] for role in ("train", "valid", "test")}
+        return TaskData(vocab, corpus, splits)
+
+    def vocabulary(self, config: Config) -> Vocabulary:
+        from targetlm.data import load_corpus
+
+        return load_corpus(config.data, (config.data.train,)).vocab  # the tokenizer's, if any
+
+    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> Sequence[Batch]:
+        # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
+        c = config.data
+        return self.batches(
+            data.splits["train"], c.batch_size, c.bptt, train=True, lookahead=lookahead
+        )
+
+    def evaluate(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """``{"ppl", "nll", "tokens"}`` of the model on ``split``'s stream."""
+        from targetlm.inference.evaluate import evaluate_stream
+
+        return evaluate_stream(
+            model,
+            data.splits[split],
+            config.eval.batch_size,
+            config.eval.segment or config.data.bptt,
+            device,
+            task=self,
+            loss_impl=config.train.loss_impl,
+        )
+
+    def final_results(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        result = self.evaluate(model, data, split, objective, config, device)
+        tokens = data.corpus.splits[getattr(config.data, split)]
+        return {
+            "ppl": result["ppl"],
+            "tokens": result["tokens"],
+            "oov_rate": data.vocab.oov_rate(tokens),
+            "unigram_ppl": data.vocab.unigram_perplexity(tokens),
+        }
 
     def batches(
         self,

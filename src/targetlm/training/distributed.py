@@ -58,12 +58,11 @@ from targetlm import functional
 from targetlm.chunked import check_targets, chunked_logit_loss
 from targetlm.config import Config
 from targetlm.data.batching import IGNORE
-from targetlm.modules.model import LanguageModel, Prediction
+from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.objectives import LossOutput, NgramLoss
 from targetlm.registry import ConfigError
 from targetlm.tasks import TASKS, Batch, Task
 from targetlm.training.trainer import Trainer
-from targetlm.training.translation import TranslationTrainer
 
 BUCKET_BYTES = 25 * 2**20  # gradients all-reduced per ~25 MiB flat buffer (DDP's default)
 # rank 0 alone validates and writes checkpoints while the others wait in a collective
@@ -326,9 +325,7 @@ def _rebuild(state: Any, leaves: Iterator[torch.Tensor]) -> Any:
 def state_batch_dims(model: LanguageModel, device: torch.device) -> list[int]:
     """The row dimension of each tensor of ``model``'s carried state (in :func:`_leaves`
     order), found by encoding one and two rows in evaluation mode (no random draws)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         shapes = [
             [
                 leaf.shape
@@ -338,8 +335,6 @@ def state_batch_dims(model: LanguageModel, device: torch.device) -> list[int]:
             ]
             for rows in (1, 2)
         ]
-    finally:
-        model.train(was_training)
     dims = []
     for one, two in zip(*shapes):
         differing = [d for d, (a, b) in enumerate(zip(one, two)) if a != b]
@@ -446,7 +441,11 @@ class DistributedTraining:
         self.device = self.collectives.device
         self.collectives.broadcast_module(self.model)  # the same initial weights everywhere
         self.collectives.broadcast_module(self.objective)
-        assert isinstance(self.objective, NgramLoss)
+        if not isinstance(self.objective, NgramLoss):
+            raise ConfigError(
+                f"task.kind = {self.config.task.kind!r}: its loss is not shared by rows across "
+                "processes yet; train it in one process"
+            )
         self.objective = ShardedObjective(self.objective, self.collectives)
 
     def _training_batches(self) -> Any:
@@ -546,21 +545,7 @@ class DistributedTrainer(DistributedTraining, Trainer):
     """:class:`~targetlm.training.trainer.Trainer` as one rank of a ``torchrun`` job."""
 
 
-class DistributedTranslationTrainer(DistributedTraining, TranslationTrainer):
-    """:class:`~targetlm.training.translation.TranslationTrainer` as one rank of a
-    ``torchrun`` job (pairs are shared by rows; the loss is weighted by tokens)."""
-
-
-def trainer_for(config: Config) -> type[Trainer]:
-    """The trainer of ``config`` for this process: the task's own
-    (:func:`targetlm.training.trainer_for`) when it runs alone, its distributed version
-    under ``torchrun`` with several processes."""
-    from targetlm.training import trainer_for as single_process_trainer_for
-
-    trainer = single_process_trainer_for(config)
-    if not launched():
-        return trainer
-    known = {Trainer: DistributedTrainer, TranslationTrainer: DistributedTranslationTrainer}
-    if trainer in known:
-        return known[trainer]
-    return type(f"Distributed{trainer.__name__}", (DistributedTraining, trainer), {})
+def process_trainer() -> type[Trainer]:
+    """The trainer class of this process, for every task: :class:`~targetlm.training.Trainer`
+    when it runs alone, :class:`DistributedTrainer` under ``torchrun`` with several processes."""
+    return DistributedTrainer if launched() else Trainer

@@ -27,15 +27,14 @@ from targetlm import config as config_lib
 from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.checkpoint import load as load_checkpoint
 from targetlm.config import Config
-from targetlm.data import Vocabulary, load_corpus, with_context_token
-from targetlm.data.datasets import check_training_tokens
+from targetlm.data import Vocabulary
 from targetlm.files import DiskFullError, atomic_write, disk_full
-from targetlm.inference.evaluate import evaluate_stream, perplexity
+from targetlm.inference.evaluate import perplexity
 from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
 from targetlm.rundir import RunDirError
-from targetlm.tasks import TASKS, Batch, Task
+from targetlm.tasks import TASKS, Batch, Task, TaskData
 from targetlm.training import finetune
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
 
@@ -198,13 +197,17 @@ class Trainer:
         if source is not None:
             state, base, where = source
             finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
-        self.objective = build_objective(
+        objective = build_objective(
             c.objective,
             self.model,
             c.train.loss_impl,
             c.train.loss_chunk_tokens,
             c.train.loss_chunk_vocab,
         ).to(self.device)
+        self.lookahead = objective.lookahead
+        # what the step minimises: the objective, or the task's loss around it (diffusion)
+        self.objective = self.task.training_objective(objective, self.model).to(self.device)
+        self.task.prepare(self.data, c, self.model, self.log)
         self.batches = self._training_batches()
         heads = [] if self.model.heads is None else list(self.model.heads.parameters())
         self.optimizer = build_optimizer(
@@ -220,63 +223,37 @@ class Trainer:
         # the train records' window: summed NLL and targets since the last record
         self.window_nll, self.window_count = 0.0, 0
 
-    # --- the data: what a task subclass (translation) replaces -------------------------
+    # --- the data, evaluation and final figures: the task's ----------------------------------
     def _load_data(self) -> Any:
-        """Read the corpus: ``self.vocab`` and each split's ids; returns the finetuning
+        """Read the task's corpus (``self.data``, ``self.vocab``); returns the finetuning
         source (state, vocabulary, where) or None."""
         c = self.config
-        self.corpus = load_corpus(c.data)
-        check_training_tokens(c.data, self.corpus)
-        self.vocab: Vocabulary = self.corpus.vocab
-        source = None
-        if c.train.init_from:  # finetuning: the source run's words keep their ids
-            # a resumed finetuning run has its own (already extended) vocabulary; one that
-            # starts again from step 0 takes the source's weights again
+        source, base = None, None
+        if c.train.init_from and self.task.finetunable:
+            # finetuning: the source run's words keep their ids; a resumed finetuning run has
+            # its own (already extended) vocabulary; one that starts again from step 0 takes
+            # the source's weights again
             source = finetune.source_of(c.train.init_from) if self.restart else None
             base = Vocabulary.load(self.run_dir / runs.VOCAB) if source is None else source[1]
-            self.vocab = base.extend(self.corpus.splits[c.data.train])
-        ids = {
-            split: with_context_token(self.vocab.encode(tokens), self.vocab.eos_id)
-            for split, tokens in self.corpus.splits.items()
-        }
-        self.train_ids, self.valid_ids = ids[c.data.train], ids[c.data.valid]
-        self.test_ids = ids[c.data.test]
+        self.data: TaskData = self.task.load_data(c, base, self.log)
+        self.vocab: Vocabulary = self.data.vocab
         return source
 
     def _training_batches(self) -> Any:
-        c = self.config
-        # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
-        return self.task.batches(
-            self.train_ids,
-            c.data.batch_size,
-            c.data.bptt,
-            train=True,
-            lookahead=self.objective.lookahead,
-        )
+        return self.task.training_batches(self.data, self.config, self.lookahead)
 
     def _evaluate(self, split: str) -> dict[str, Any]:
-        """``{"ppl", "nll", "tokens"}`` of the model on ``split`` ("valid" or "test")."""
-        c = self.config
-        return evaluate_stream(
-            self.model,
-            self.valid_ids if split == "valid" else self.test_ids,
-            c.eval.batch_size,
-            c.eval.segment or c.data.bptt,
-            self.device,
-            task=self.task,
-            loss_impl=c.train.loss_impl,
+        """The task's figures of the model on ``split`` ("valid" or "test"): at least
+        ``nll`` and ``ppl``."""
+        return self.task.evaluate(
+            self.model, self.data, split, self.objective, self.config, self.device
         )
 
     def _split_results(self, split: str) -> dict[str, Any]:
-        """The final figures of ``split`` in results.json."""
-        r = self._evaluate(split)
-        tokens = self.corpus.splits[getattr(self.config.data, split)]
-        return {
-            "ppl": r["ppl"],
-            "tokens": r["tokens"],
-            "oov_rate": self.vocab.oov_rate(tokens),
-            "unigram_ppl": self.vocab.unigram_perplexity(tokens),
-        }
+        """The final figures of ``split`` in results.json (the task's)."""
+        return self.task.final_results(
+            self.model, self.data, split, self.objective, self.config, self.device, self.log
+        )
 
     def _start_run_dir(self) -> None:
         if self.resume:
@@ -395,7 +372,7 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.config.train.seed * 100003 + self.epoch)
         return torch.randperm(len(self.batches), generator=generator).tolist()
 
-    def _validate(self) -> bool:
+    def _evaluate_validation_split(self) -> bool:
         """Validate, keep the best model, step the schedule; True when training should stop early."""
         c = self.config
         result = self._evaluate("valid")
@@ -615,7 +592,7 @@ class Trainer:
                     self.window_nll, self.window_count = 0.0, 0
                     log_start, timed_tokens = time.perf_counter(), 0
                 if c.eval_every and self.step % c.eval_every == 0:
-                    stop = self._validate()
+                    stop = self._evaluate_validation_split()
                     self._checkpoint()
                     if stop:
                         bar.close()
@@ -625,7 +602,7 @@ class Trainer:
                     self._checkpoint()
             bar.close()
             # end of an epoch: validate it, then move the position to the next one
-            stop = False if c.eval_every else self._validate()
+            stop = False if c.eval_every else self._evaluate_validation_split()
             self.epoch, self.batch_index, self.state = self.epoch + 1, 0, None
             if not c.eval_every:
                 self._checkpoint()
