@@ -268,6 +268,7 @@ def evaluate_diffusion(
     ``mse`` (L₀), ``head_mse`` (L_n), ``nll``/``ppl`` (the anchor cross-entropy per target
     token), ``length_loss`` and ``length_accuracy`` (per sentence), ``tokens``, ``sentences``."""
     generator = torch.Generator(device=device).manual_seed(seed)
+    coins = torch.Generator().manual_seed(seed) if generator.device.type != "cpu" else None
     with evaluating(model):
         weight, bias = model.output()
         sums: dict[str, float] = {
@@ -281,7 +282,7 @@ def evaluate_diffusion(
         tokens = sentences = 0
         for batch in batches:
             batch = batch.to(device)
-            prediction = task.predict(model, batch, generator=generator)
+            prediction = task.predict(model, batch, generator=generator, coin_generator=coins)
             terms = loss.terms(prediction, batch.targets, weight, bias)
             count, rows = terms["anchor"].count, batch.targets.size(0)
             sums["loss"] += float(terms["loss"]) * count

@@ -184,11 +184,14 @@ class DiffusionTask(SentencePairTask):
         *,
         run_heads: bool = True,
         generator: torch.Generator | None = None,
+        coin_generator: torch.Generator | None = None,
     ) -> Prediction:
         """Noise the batch's clean targets at a random t and denoise them once (self-conditioned
         with probability ``self_condition_prob``): Prediction(x̂₀, heads, None,
         :class:`~targetlm.objectives.diffusion.DiffusionInputs`).
-        ``generator``: the randomness (t, ε, the self-conditioning coin); None: torch's RNG."""
+        ``generator``: the randomness (t, ε, and on the CPU the self-conditioning coin); None:
+        torch's RNG. ``coin_generator``: a CPU generator for the coin when ``generator`` is a
+        GPU's (seeded evaluation on a GPU)."""
         denoiser = denoiser_of(model)
         if batch.source is None or batch.source_mask is None:
             raise ValueError("a diffusion batch needs its source and source_mask")
@@ -207,7 +210,12 @@ class DiffusionTask(SentencePairTask):
         noised = self.schedule.noise(clean, time, noise)
         memory = denoiser.start(model.embedding(batch.source), batch.source_mask)
         previous = None
-        coin = torch.rand((), device=device, generator=generator)
+        # the self-conditioning coin decides on the host which passes run: drawn on the CPU
+        # (from ``coin_generator``, else ``generator`` when it is the CPU's, else torch's CPU
+        # RNG), so a step on a GPU does not wait for the device to read it
+        if coin_generator is None and (generator is None or generator.device.type == "cpu"):
+            coin_generator = generator
+        coin = torch.rand((), generator=coin_generator)
         if denoiser.self_condition and float(coin) < self.self_condition_prob:
             with torch.no_grad():
                 first = model.forward_embedded(noised, memory.at(time, mask), run_heads=False)

@@ -220,8 +220,11 @@ class Trainer:
         self.best_valid, self.bad_evaluations = math.inf, 0
         self._elapsed_before, self._session_start = 0.0, time.perf_counter()
         self.state: Any = None
-        # the train records' window: summed NLL and targets since the last record
-        self.window_nll, self.window_count = 0.0, 0
+        # the train records' window: summed NLL (float64, on the device) and targets since
+        # the last record; the losses not yet checked for NaN, with their steps
+        self.window_nll = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.window_count = 0
+        self._unchecked_losses: list[tuple[int, torch.Tensor]] = []
 
     # --- the data, evaluation and final figures: the task's ----------------------------------
     def _load_data(self) -> Any:
@@ -284,7 +287,8 @@ class Trainer:
         self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
         self.best_valid, self.bad_evaluations = p["best_valid"], p["bad_evaluations"]
         self._elapsed_before, self._session_start = p["elapsed"], time.perf_counter()
-        self.window_nll, self.window_count = p.get("window", (0.0, 0))
+        window_nll, self.window_count = p.get("window", (0.0, 0))
+        self.window_nll = torch.tensor(window_nll, dtype=torch.float64, device=self.device)
         self.checkpoint_step = self.step
         stopping = self.config.train.early_stopping
         if stopping and self.bad_evaluations >= stopping:  # stopped early, then killed
@@ -320,6 +324,7 @@ class Trainer:
         self.metrics_records = len(kept)
 
     def _checkpoint(self) -> None:
+        self._check_finite()
         save_atomic(
             {
                 "model": self.model.state_dict(),
@@ -332,7 +337,7 @@ class Trainer:
                     "best_valid": self.best_valid,
                     "bad_evaluations": self.bad_evaluations,
                     "elapsed": self.elapsed,
-                    "window": (self.window_nll, self.window_count),
+                    "window": (float(self.window_nll), self.window_count),
                     "metrics_records": self.metrics_records,
                 },
                 "state": state_to_list(detach_state(self.state)),
@@ -374,6 +379,7 @@ class Trainer:
 
     def _evaluate_validation_split(self) -> bool:
         """Validate, keep the best model, step the schedule; True when training should stop early."""
+        self._check_finite()
         c = self.config
         result = self._evaluate("valid")
         self.schedule.on_validation(result["nll"])
@@ -392,10 +398,12 @@ class Trainer:
         )
         return bool(c.train.early_stopping) and self.bad_evaluations >= c.train.early_stopping
 
-    def train_step(self, batch: Batch | list[Batch], lr: float) -> tuple[float, int]:
+    def train_step(self, batch: Batch | list[Batch], lr: float) -> tuple[torch.Tensor, int]:
         """One optimiser step on ``batch`` (or the gradients of several, ``train.accumulate``)
         at learning rate ``lr`` (the carried state continues the stream); returns the main
-        head's summed NLL and its number of targets."""
+        head's summed NLL (a float64 tensor on the device: read at the logging interval, so
+        a step waits for no device) and its number of targets. Its loss is checked for NaN at
+        the next record, validation or checkpoint (:meth:`_check_finite`)."""
         c = self.config.train
         if not self.model.training:  # whatever an evaluation left it in: dropout trains
             self.model.train()  # (only on a change: GroC's train() drops its reused E_out)
@@ -403,7 +411,7 @@ class Trainer:
         self._freeze_body(self.step < c.heads_only_steps)
         micro_batches = batch if isinstance(batch, list) else [batch]
         self.optimizer.zero_grad(set_to_none=True)
-        nll_sum, count = 0.0, 0
+        nll_sum, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for batch in micro_batches:
             state = detach_state(self.state) if c.carry_state else None
             batch = batch.to(self.device)
@@ -413,22 +421,36 @@ class Trainer:
                 prediction = self.task.predict(self.model, batch, state)
                 weight, bias = self.model.output()
                 out = self.objective(prediction, batch.targets, weight, bias)
-            loss = out.loss.detach().item()
-            if not math.isfinite(loss):
-                raise TrainingDiverged(
-                    f"loss is {loss} at step {self.step + 1} (epoch {self.epoch}); training "
-                    f"stopped: {self._kept()}"
-                )
+            # checked for NaN at the next record, validation or checkpoint (no host sync here)
+            self._unchecked_losses.append((self.step + 1, out.loss.detach()))
             scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
             if out.loss.requires_grad:  # (nothing trains in a base model's heads-only steps)
                 (out.loss * (scale / len(micro_batches))).backward()
             self.state = prediction.state if c.carry_state else None
-            nll_sum, count = nll_sum + float(out.nll_sum), count + out.count
+            nll_sum, count = nll_sum + out.nll_sum.detach().double(), count + out.count
         self._synchronise_gradients()
         if c.clip > 0:
             clip_gradients(self.model.parameters(), c.clip)
         self.optimizer.step()
         return nll_sum, count
+
+    def _check_finite(self) -> None:
+        """Raise :class:`TrainingDiverged` naming the first step since the last check whose
+        loss was NaN or infinite (one host sync for all of them); called before every record,
+        validation and checkpoint, so a checkpoint never holds a diverged model."""
+        if not self._unchecked_losses:
+            return
+        steps = [step for step, _ in self._unchecked_losses]
+        losses = torch.stack([loss.float() for _, loss in self._unchecked_losses])
+        self._unchecked_losses = []
+        finite = torch.isfinite(losses)
+        if bool(finite.all()):
+            return
+        first = int((~finite).nonzero()[0, 0])
+        raise TrainingDiverged(
+            f"loss is {float(losses[first])} at step {steps[first]} (epoch {self.epoch}); "
+            f"training stopped: {self._kept()}"
+        )
 
     def _synchronise_gradients(self) -> None:
         """Called after backward, before clipping: a distributed run averages the processes'
@@ -518,6 +540,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_interrupt) if _main_thread() else None
         try:
             self._loop()
+            self._check_finite()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -571,8 +594,9 @@ class Trainer:
                 timed_tokens += count
                 bar.update(len(group))
                 if self.step % c.log_every == 0:
+                    self._check_finite()
                     seconds = time.perf_counter() - log_start
-                    loss = self.window_nll / self.window_count
+                    loss = float(self.window_nll) / self.window_count
                     record = {
                         "kind": "train",
                         "step": self.step,
@@ -589,7 +613,7 @@ class Trainer:
                         tok_s=f"{record['tok_s']:.0f}",
                         lr=f"{lr:.3g}",
                     )
-                    self.window_nll, self.window_count = 0.0, 0
+                    self.window_nll, self.window_count = torch.zeros_like(self.window_nll), 0
                     log_start, timed_tokens = time.perf_counter(), 0
                 if c.eval_every and self.step % c.eval_every == 0:
                     stop = self._evaluate_validation_split()
