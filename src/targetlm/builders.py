@@ -23,7 +23,7 @@ from targetlm.modules.encoders import Encoder
 from targetlm.modules.model import LanguageModel, build_model
 from targetlm.objectives import build_objective
 from targetlm.registry import ConfigError
-from targetlm.tasks import TASKS
+from targetlm.tasks import build_task
 
 __all__ = ["build_model", "build_objective", "config_from_dict", "load_config", "validate"]
 
@@ -53,7 +53,7 @@ def validate(config: Config) -> None:
     with torch.device("meta"):
         model: LanguageModel = build_model(config.model, 8, lexicon=Lexicon())
         build_objective(config.objective, model)
-    task = TASKS.build(config.task.kind, config.task.options, "task")
+    task = build_task(config)
     task.check_model(config.task.kind, config.model.encoder.kind, model)
     context = model.encoder.max_context if isinstance(model.encoder, Encoder) else None
     if context is not None:

@@ -114,11 +114,11 @@ def check_task(config: Config, streams: bool | None, where: str, what: str) -> N
     """Refuse a run (or config) whose task the command cannot read: ``streams`` True: a
     language-model command (its task is a :class:`~targetlm.tasks.StreamTask`), False: a
     sentence-pair one (``translate``), None: any."""
-    from targetlm.tasks import TASKS, StreamTask
+    from targetlm.tasks import StreamTask, build_task
 
     if streams is None:
         return
-    task = TASKS.build(config.task.kind, config.task.options, "task")
+    task = build_task(config)
     if isinstance(task, StreamTask) != streams:
         reads = "language-model (stream)" if streams else "sentence-pair"
         hint = " (use `targetlm translate` or `eval`)" if streams else ""

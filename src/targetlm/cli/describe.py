@@ -7,7 +7,7 @@ import json
 
 from targetlm import builders
 from targetlm import config as config_lib
-from targetlm.tasks import TASKS
+from targetlm.tasks import build_task
 
 
 def run(args: argparse.Namespace) -> int:
@@ -15,7 +15,7 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.lexicon import Lexicon
 
     config = builders.load_config(args.config, args.set)
-    vocab = TASKS.build(config.task.kind, config.task.options, "task").vocabulary(config)
+    vocab = build_task(config).vocabulary(config)
     # parameters never depend on the lexicon's contents, so counting needs no WordNet
     model = builders.build_model(config.model, vocab.itos, lexicon=Lexicon())
     params = model.parameter_counts()

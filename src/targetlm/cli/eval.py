@@ -26,7 +26,7 @@ from targetlm.data import (
 )
 from targetlm.modules.encoders import Encoder
 from targetlm.registry import ConfigError
-from targetlm.tasks import TASKS, SentencePairTask
+from targetlm.tasks import SentencePairTask, build_task
 
 # an evaluation with more out-of-vocabulary tokens than this says so in its printed line:
 # its perplexity mostly measures how well the model predicts <unk>
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.file is not None and args.split is not None:
         raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), streams=None)
-    task = TASKS.build(config.task.kind, config.task.options, "task")
+    task = build_task(config)
     if isinstance(task, SentencePairTask):  # its splits, with the task's figures
         return _eval_pairs(args, task, config, vocab, model)
     check_combiners(args, config, model)

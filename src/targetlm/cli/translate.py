@@ -25,7 +25,7 @@ from targetlm.data.parallel import (
 from targetlm.data.vocab import DataError
 from targetlm.files import atomic_write
 from targetlm.registry import MAX_SIZE, ConfigError, Range
-from targetlm.tasks import TASKS, SentencePairTask
+from targetlm.tasks import TASKS, SentencePairTask, build_task
 
 
 def read_sources(path: Path, lowercase: bool) -> list[str]:
@@ -56,7 +56,7 @@ def translate_file(
     from targetlm.runs import load_run
 
     config, vocab, model, _ = load_run(run_dir, list(overrides), streams=False)
-    task = TASKS.build(config.task.kind, config.task.options, "task")
+    task = build_task(config)
     assert isinstance(task, SentencePairTask)  # (load_run refused a stream run)
     diffusion = dict(diffusion or {})
     oracle_length = bool(diffusion.get("oracle_length"))

@@ -26,18 +26,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from targetlm import functional
+from targetlm.data.batching import Batch
 from targetlm.inference.translate import decode_in_batches, timed_texts, until_eos
+from targetlm.modules.diffusion import SAMPLERS, denoiser_of
 from targetlm.modules.model import LanguageModel, evaluating
 from targetlm.objectives.diffusion import DiffusionLoss
 from targetlm.registry import ConfigError
-from targetlm.tasks.base import Batch
-from targetlm.tasks.diffusion import SAMPLERS, DiffusionTask, denoiser_of
+
+if TYPE_CHECKING:
+    from targetlm.tasks.diffusion import DiffusionTask
 
 
 @dataclass(frozen=True)

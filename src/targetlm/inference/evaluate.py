@@ -22,18 +22,20 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
 from targetlm import functional
 from targetlm.chunked import AUTO_CHUNK_ELEMENTS, logit_statistics
-from targetlm.data.batching import IGNORE
+from targetlm.data.batching import IGNORE, Batch, stream_batches
 from targetlm.inference.combiners import BuiltCombiners, ScoringContext, Segment, StreamLogits
 from targetlm.inference.progress import progress_bar
 from targetlm.modules.model import LanguageModel, evaluating
-from targetlm.tasks import LanguageModelingTask, Task
+
+if TYPE_CHECKING:
+    from targetlm.tasks import Task
 
 
 @dataclass
@@ -87,13 +89,14 @@ def evaluate_ids(
             V_eval), for this evaluation only.
         per_token: also return per-token log-probabilities.
         inspect: called with the main stream's logits and targets of every segment.
-        task: how the stream becomes batches and the model reads them (default ``lm``).
+        task: how the stream becomes batches and the model reads them (a
+            :class:`~targetlm.tasks.StreamTask`; None: language modelling, the ``lm`` task's).
         loss_impl: the logit layer ``full``, ``chunked`` or ``auto`` (see the module docstring).
     """
     with evaluating(model):
         return _score_stream(
             model, target_ids, batch_size, segment, combiners or BuiltCombiners(), context,
-            input_ids, output, embedding, per_token, inspect, task or LanguageModelingTask(),
+            input_ids, output, embedding, per_token, inspect, task,
             device, loss_impl,
         )  # fmt: skip
 
@@ -110,7 +113,7 @@ def _score_stream(
     embedding: nn.Module | None,
     per_token: bool,
     inspect: Inspector | None,
-    task: Task,
+    task: Task | None,
     device: str | torch.device,
     loss_impl: Literal["full", "chunked", "auto"],
 ) -> list[StreamResult]:
@@ -127,7 +130,8 @@ def _score_stream(
         combiner.start(context)
     exact_probs = per_token or bool(probability)  # else: summed cross entropy, as in training
 
-    batches = task.batches(
+    make_batches = stream_batches if task is None else task.batches
+    batches = make_batches(
         target_ids, batch_size, segment, train=False, input_ids=input_ids, positions=per_token
     )
     streams = 1 + (len(vector.names) if vector is not None else 0)
@@ -139,7 +143,7 @@ def _score_stream(
         for batch in batches:
             batch = batch.to(device)
             y = batch.targets  # (B, T)
-            prediction = task.predict(model, batch, state, run_heads=vector is not None)
+            prediction = _predict(model, task, batch, state, run_heads=vector is not None)
             state = prediction.state
             current = Segment(prediction, y)
             predicted = [prediction.main, *(vector.streams(current) if vector else [])]
@@ -167,6 +171,13 @@ def _score_stream(
     return [
         StreamResult(totals[s], count, log_probs[s] if per_token else None) for s in range(streams)
     ]
+
+
+def _predict(model: LanguageModel, task: Task | None, batch: Batch, state, run_heads: bool):
+    """The task's prediction of ``batch``; a language model's (the ``lm`` task's) for None."""
+    if task is None:
+        return model(batch.inputs, state, run_heads=run_heads)
+    return task.predict(model, batch, state, run_heads=run_heads)
 
 
 def _segment_nll(

@@ -33,14 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from targetlm import functional
-from targetlm.data.batching import IGNORE
+from targetlm.data.batching import IGNORE, Batch, pad
 from targetlm.inference.progress import progress_bar
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, evaluating
 from targetlm.modules.seq2seq import DecoderState
 from targetlm.registry import ConfigError
-from targetlm.tasks.base import Batch
-from targetlm.tasks.translation import pad
 
 
 @dataclass(frozen=True)

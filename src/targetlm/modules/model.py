@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,8 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-class Prediction(NamedTuple):
+@dataclass(frozen=True)
+class Prediction:
     """What the model predicts for a segment.
 
     main: x̂_t (B, T, d), the main head's predicted target vectors (column t predicts the
@@ -51,12 +53,17 @@ class Prediction(NamedTuple):
     extras: what a task's loss reads besides ``main`` and ``heads`` (the diffusion task's
         clean embeddings, times and length logits); None for the tasks whose loss reads the
         targets alone.
+
+    Unpacks as ``main, heads, state`` (``extras`` is read by name).
     """
 
     main: torch.Tensor
     heads: torch.Tensor | None
     state: Any
     extras: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.main, self.heads, self.state))
 
     def rows(self, index: slice) -> Prediction:
         """The prediction of some batch rows (the state is left out: it is the stream's)."""

@@ -75,6 +75,11 @@ class NgramLoss(nn.Module):
         heads_objective: the objective of L_1..L_{N−1} when it differs from the main one
             (e.g. without label smoothing: ``objective.ngram_heads_label_smoothing``);
             None: ``objective``.
+        count_divisors: maps the heads' scored positions in this process's rows [c_0..c_{N−1}]
+            to what each head's summed loss is divided by; None: the counts themselves (one
+            process). Several processes give each the whole batch's counts over the number
+            of processes, C_n / K (:mod:`targetlm.training.distributed`), so the processes'
+            averaged gradients are the whole batch's: L_n = S_n^r / (C_n / K) on rank r.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class NgramLoss(nn.Module):
         chunk_vocab: int = CHUNK_VOCAB,
         main_weight: float = 0.5,
         heads_objective: Objective | None = None,
+        count_divisors: Callable[[list[int]], list[float]] | None = None,
     ) -> None:
         super().__init__()
         if not alpha >= 0:
@@ -105,6 +111,7 @@ class NgramLoss(nn.Module):
                     "(AL needs detach_target = true); use 'full' or 'auto'"
                 )
         self.loss_impl = loss_impl
+        self.count_divisors = count_divisors
         self.chunk = (chunk_tokens, chunk_vocab)
         self.objective = objective
         self.heads_objective = heads_objective
@@ -127,9 +134,19 @@ class NgramLoss(nn.Module):
     ) -> list[LossOutput]:
         """[L₀, L₁, ..., L_{N−1}] as the wrapped objective's records (mean loss, NLL, count),
         each on its own full logits."""
+        return self.row_losses(self.head_rows(prediction, targets, weight), weight, bias)
+
+    def row_losses(
+        self,
+        rows: list[tuple[torch.Tensor, torch.Tensor]],
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> list[LossOutput]:
+        """The wrapped objectives' records of :meth:`head_rows`' rows (the main head's
+        objective for row 0, the heads' for the others)."""
         return [
             (self.objective if n == 0 else self.heads_objective)(p, t, weight, bias)
-            for n, (p, t) in enumerate(self.head_rows(prediction, targets, weight))
+            for n, (p, t) in enumerate(rows)
         ]
 
     def head_rows(
@@ -174,29 +191,42 @@ class NgramLoss(nn.Module):
         bias: torch.Tensor | None,
     ) -> LossOutput:
         check_targets(targets, weight.size(0))
-        rows = prediction.main.shape[:-1].numel() * (self.lookahead + 1)
-        if self.uses_chunked(rows, weight.size(0)):
-            return self.chunked(prediction, targets, weight, bias)
-        records = self.head_losses(prediction, targets, weight, bias)
+        rows = self.head_rows(prediction, targets, weight)
+        chunked = self.uses_chunked(prediction.main.shape[:-1].numel() * len(rows), weight.size(0))
+        counts = divisors = None
+        if chunked or self.count_divisors is not None:
+            counts = [int((t != IGNORE).sum()) for _, t in rows]
+            divisors = None if self.count_divisors is None else self.count_divisors(counts)
+        if chunked:
+            return self.chunked(prediction, rows, counts, divisors, weight, bias)
+        records = self.row_losses(rows, weight, bias)
+        losses = [r.loss for r in records]
+        if divisors is not None:  # each head's mean over this process's rows, re-divided
+            losses = [
+                loss * (count / divisor) if divisor else loss * 0.0
+                for loss, count, divisor in zip(losses, counts, divisors)
+            ]
         if len(records) == 1:
-            return records[0]
-        loss = functional.ngram_loss([r.loss for r in records], self.alpha, self.main_weight)
+            return LossOutput(losses[0], records[0].nll_sum, records[0].count)
+        loss = functional.ngram_loss(losses, self.alpha, self.main_weight)
         return LossOutput(loss, records[0].nll_sum, records[0].count)
 
     def chunked(
         self,
         prediction: Prediction,
-        targets: torch.Tensor,
+        heads: list[tuple[torch.Tensor, torch.Tensor]],
+        counts: list[int],
+        divisors: list[float] | None,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossOutput:
         """The same loss in one :func:`~targetlm.chunked.chunked_logit_loss` call over the
-        stacked rows of every head (per-row weight: the head's weight over its count)."""
-        heads = self.head_rows(prediction, targets, weight)
+        stacked rows of every head (:meth:`head_rows`, with their ``counts``; per-row
+        weight: the head's weight over its count, or over its divisor)."""
         d = prediction.main.size(-1)
         predicted = torch.cat([p.reshape(-1, d) for p, _ in heads])  # (N·B·T, d)
         stacked = torch.cat([t.reshape(-1) for _, t in heads])  # (N·B·T,)
-        counts = [int((t != IGNORE).sum()) for _, t in heads]
+        scale = [max(c, 1) for c in counts] if divisors is None else [v or 1 for v in divisors]
         # functional.ngram_loss's weights: ½ (main_weight) and α/(2N−2), or 1 without heads
         head_weights = (
             [1.0]
@@ -206,8 +236,8 @@ class NgramLoss(nn.Module):
         dtype = torch.promote_types(predicted.dtype, torch.float32)
         row_weights = torch.cat(
             [
-                torch.full((t.numel(),), w / max(c, 1), dtype=dtype, device=t.device)
-                for (_, t), w, c in zip(heads, head_weights, counts)
+                torch.full((t.numel(),), w / c, dtype=dtype, device=t.device)
+                for (_, t), w, c in zip(heads, head_weights, scale)
             ]
         )
         main = heads[0][1].numel()

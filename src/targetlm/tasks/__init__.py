@@ -8,7 +8,7 @@ around the run's objective, how a split is evaluated and what a finished run rep
 :data:`TASKS` and imported below.
 """
 
-from targetlm.tasks.base import TASKS, Batch, StreamTask, Task, TaskData
+from targetlm.tasks.base import TASKS, Batch, StreamTask, Task, TaskData, build_task
 from targetlm.tasks.diffusion import DiffusionTask
 from targetlm.tasks.lm import LanguageModelingTask
 from targetlm.tasks.translation import SentencePairTask, TranslationTask, pair_batches
@@ -23,5 +23,6 @@ __all__ = [
     "Task",
     "TaskData",
     "TranslationTask",
+    "build_task",
     "pair_batches",
 ]

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from targetlm.data.batching import Batch
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.registry import ConfigError, Registry
 
@@ -35,38 +36,6 @@ if TYPE_CHECKING:
 
     from targetlm.config import Config
     from targetlm.data.vocab import Vocabulary
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One step's data.
-
-    inputs: (B, T) what the model reads.
-    targets: (B, T + lookahead) the target of each of the T columns, then ``lookahead`` more
-        columns (the N-gram heads' later words); ``IGNORE`` marks padding.
-    positions: (B, T) the index of each column's target in the text (evaluation, per-token
-        output), ``IGNORE`` for padding; None when not asked for.
-    source: (B, S) the source sentences a conditional task reads (translation), padded;
-        None for language modelling. source_mask: (B, S) bool, True at real source tokens.
-    """
-
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    positions: torch.Tensor | None = None
-    source: torch.Tensor | None = None
-    source_mask: torch.Tensor | None = None
-
-    def to(self, device: torch.device | str) -> Batch:
-        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else tensor.to(device)
-
-        return Batch(
-            self.inputs.to(device),
-            self.targets.to(device),
-            move(self.positions),
-            move(self.source),
-            move(self.source_mask),
-        )
 
 
 @dataclass
@@ -215,3 +184,8 @@ class StreamTask(Task):
 
 
 TASKS: Registry[Task] = Registry("task")
+
+
+def build_task(config: Config) -> Task:
+    """The task of ``config`` (``[task]``), built from the registry."""
+    return TASKS.build(config.task.kind, config.task.options, "task")

@@ -26,11 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from targetlm.data.batching import IGNORE
-from targetlm.modules.diffusion import (
-    DiffusionDenoiser,
-    build_schedule,
-    clip_noise_scale,
-)
+from targetlm.modules.diffusion import SAMPLERS, build_schedule, clip_noise_scale, denoiser_of
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.objectives.diffusion import DiffusionInputs, diffusion_loss
 from targetlm.registry import ConfigError, Count, NonNegative, Positive, Probability, Seed, Size
@@ -40,17 +36,6 @@ from targetlm.tasks.translation import SentencePairTask
 if TYPE_CHECKING:
     from targetlm.config import Config
     from targetlm.data.vocab import Vocabulary
-
-SAMPLERS = ("renoise", "posterior")
-
-
-def denoiser_of(model: LanguageModel) -> DiffusionDenoiser:
-    if not isinstance(model.encoder, DiffusionDenoiser):
-        raise ConfigError(
-            "task.kind = 'diffusion' needs a denoiser: model.encoder.kind = 'diffusion_denoiser', "
-            f"got a {type(model.encoder).__name__}"
-        )
-    return model.encoder
 
 
 @TASKS.register("diffusion")

@@ -4,60 +4,20 @@ Transformers, every token scored once in evaluation; ``targetlm.data.batching``)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from targetlm.data.batching import StreamBatches
+from targetlm.data.batching import StreamBatchSequence, stream_batches
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.tasks.base import TASKS, Batch, StreamTask, TaskData
+
+__all__ = ["LanguageModelingTask", "StreamBatchSequence"]
 
 if TYPE_CHECKING:
     from targetlm.config import Config
     from targetlm.data.vocab import Vocabulary
-
-
-class StreamBatchSequence(Sequence[Batch]):
-    """The segments of a :class:`~targetlm.data.batching.StreamBatches` stream as :class:`Batch` es.
-
-    Args:
-        targets: the stream of ``ids`` (its inputs are read unless ``inputs`` is given).
-        inputs: the same layout over the ids the model reads, or None.
-        positions: the same layout over text positions (its targets are the indices), or None.
-    """
-
-    def __init__(
-        self,
-        targets: StreamBatches,
-        inputs: StreamBatches | None = None,
-        positions: StreamBatches | None = None,
-    ) -> None:
-        self.stream = targets
-        self.inputs = inputs
-        self.positions = positions
-
-    @property
-    def num_targets(self) -> int:
-        return self.stream.num_targets
-
-    def __len__(self) -> int:
-        return len(self.stream)
-
-    @overload
-    def __getitem__(self, index: int) -> Batch: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Batch]: ...
-    def __getitem__(self, index: int | slice) -> Batch | Sequence[Batch]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        inputs, targets = self.stream[index]
-        if self.inputs is not None:
-            inputs = self.inputs[index][0]
-        positions = None
-        if self.positions is not None:
-            positions = self.positions[index][1][:, : inputs.size(1)]
-        return Batch(inputs, targets, positions)
 
 
 @TASKS.register("lm")
@@ -154,13 +114,14 @@ class LanguageModelingTask(StreamTask):
         input_ids: torch.Tensor | None = None,
         positions: bool = False,
     ) -> StreamBatchSequence:
-        def stream(values: torch.Tensor, extra: int = 0) -> StreamBatches:
-            return StreamBatches(values, batch_size, segment, pad=not train, lookahead=extra)
-
-        return StreamBatchSequence(
-            stream(ids, lookahead),
-            None if input_ids is None else stream(input_ids),
-            stream(torch.arange(len(ids))) if positions else None,
+        return stream_batches(
+            ids,
+            batch_size,
+            segment,
+            train=train,
+            lookahead=lookahead,
+            input_ids=input_ids,
+            positions=positions,
         )
 
     def predict(

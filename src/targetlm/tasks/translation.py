@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from targetlm.data.batching import IGNORE
+from targetlm.data.batching import IGNORE, pad
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.registry import ConfigError
 from targetlm.tasks.base import TASKS, Batch, Task, TaskData
@@ -30,11 +30,6 @@ if TYPE_CHECKING:
     from targetlm.config import Config
     from targetlm.data.parallel import ParallelSplit
     from targetlm.data.vocab import Vocabulary
-
-
-def pad(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
-    """Right-padded (len(rows), max length) tensor."""
-    return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=value)
 
 
 def make_batch(source: Sequence[torch.Tensor], target: Sequence[torch.Tensor], eos: int) -> Batch:

@@ -34,7 +34,7 @@ from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
 from targetlm.rundir import RunDirError
-from targetlm.tasks import TASKS, Batch, Task, TaskData
+from targetlm.tasks import Batch, Task, TaskData, build_task
 from targetlm.training import finetune
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
 
@@ -191,7 +191,7 @@ class Trainer:
         torch.manual_seed(c.train.seed)
         random.seed(c.train.seed)
         self.device = torch.device(c.train.device)
-        self.task: Task = TASKS.build(c.task.kind, c.task.options, "task")
+        self.task: Task = build_task(c)
         source = self._load_data()
         self.model = build_model(c.model, self.vocab.itos).to(self.device)
         if source is not None:
