@@ -54,7 +54,7 @@ class Prediction:
         clean embeddings, times and length logits); None for the tasks whose loss reads the
         targets alone.
 
-    Unpacks as ``main, heads, state`` (``extras`` is read by name).
+    Unpacks and indexes as the tuple ``(main, heads, state)`` (``extras`` is read by name).
     """
 
     main: torch.Tensor
@@ -64,6 +64,12 @@ class Prediction:
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.main, self.heads, self.state))
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return (self.main, self.heads, self.state)[index]
+
+    def __len__(self) -> int:
+        return 3
 
     def rows(self, index: slice) -> Prediction:
         """The prediction of some batch rows (the state is left out: it is the stream's)."""
