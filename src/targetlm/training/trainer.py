@@ -94,6 +94,8 @@ class Trainer:
         self.stop_requested = False
         self.checkpoint_step: int | None = None  # the step last.pt holds (None: none yet)
         self.metrics_records = 0  # records in metrics.jsonl (last.pt keeps their count)
+        # the losses not yet checked for NaN, with their steps (:meth:`_check_finite`)
+        self._unchecked_losses: list[tuple[int, torch.Tensor]] = []
         rundir.check_unlocked(self.run_dir)
         self._check_run_dir()
 
@@ -221,10 +223,10 @@ class Trainer:
         self._elapsed_before, self._session_start = 0.0, time.perf_counter()
         self.state: Any = None
         # the train records' window: summed NLL (float64, on the device) and targets since
-        # the last record; the losses not yet checked for NaN, with their steps
+        # the last record
         self.window_nll = torch.zeros((), dtype=torch.float64, device=self.device)
         self.window_count = 0
-        self._unchecked_losses: list[tuple[int, torch.Tensor]] = []
+        self._unchecked_losses = []
 
     # --- the data, evaluation and final figures: the task's ----------------------------------
     def _load_data(self) -> Any:
