@@ -98,11 +98,11 @@ def train_model(
     corpus: str | None = None,
 ) -> Path:
     """Train :func:`training_config` (``corpus`` None: PTB when ``$TARGETLM_DATA`` has it)."""
-    from targetlm.training.distributed import trainer_for
+    from targetlm.training import Trainer
 
     config = builders.config_from_dict(training_config(steps, context, seed, heads, corpus))
     started = time.perf_counter()
-    results = trainer_for(config)(config, run_dir, log=lambda m: None).train()
+    results = Trainer(config, run_dir, log=lambda m: None).train()
     print(
         f"trained {config.data.name}: {steps} steps in {time.perf_counter() - started:.0f} s, "
         f"test ppl {results['test']['ppl']:.2f}"

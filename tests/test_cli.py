@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from targetlm import config as config_lib
+from targetlm.checkpoint import load as load_checkpoint
 from targetlm.cli import main
 from targetlm.data import StreamBatches, Vocabulary, read_split
 from targetlm.runs import load_run
-from targetlm.training.checkpoint import load as load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.toml"

@@ -35,9 +35,9 @@ from targetlm.modules.diffusion import (
 )
 from targetlm.modules.model import Prediction
 from targetlm.objectives import CrossEntropyObjective
+from targetlm.objectives.diffusion import DiffusionInputs, DiffusionLoss
 from targetlm.registry import ConfigError
 from targetlm.tasks import DiffusionTask, pair_batches
-from targetlm.tasks.diffusion import DiffusionLoss, DiffusionState, denoise
 from targetlm.tasks.translation import pad
 
 V, EOS = 40, 1
@@ -155,15 +155,15 @@ def test_heads_that_predict_the_wdr_exactly_have_zero_loss():
     weight, bias = model.output()
     clean = task.clean_table(weight)[targets.clamp(min=0)] * mask[..., None]
     raw = torch.stack([functional.wdr(clean, n) for n in (1, 2)])
-    extras = DiffusionState(
+    extras = DiffusionInputs(
         clean, mask, torch.ones(4), torch.zeros(4, 9), torch.full((4,), 4, dtype=torch.long)
     )
-    loss = DiffusionLoss(CrossEntropyObjective(), model.heads, 0.1, task)
-    terms = loss.terms(Prediction(clean, raw, extras), targets, weight, bias)
+    loss = DiffusionLoss(CrossEntropyObjective(), model.heads, 0.1, **task.loss_weights())
+    terms = loss.terms(Prediction(clean, raw, None, extras), targets, weight, bias)
     assert float(terms["mse"].detach()) == 0 and len(terms["head_mse"]) == 2
     assert all(float(v.detach()) < 1e-10 for v in terms["head_mse"])
     # the MSE terms combine as ½·L₀ + α/(2N−2)·Σ L_n
-    shifted = Prediction(clean + 1, raw, extras)
+    shifted = Prediction(clean + 1, raw, None, extras)
     terms = loss.terms(shifted, targets, weight, bias)
     expected = 0.5 * terms["mse"] + 0.1 / 4 * sum(terms["head_mse"])
     torch.testing.assert_close(terms["diffusion"], expected)
@@ -177,13 +177,15 @@ def test_diffusion_weight_scales_only_the_diffusion_term():
     mask = targets != -100
     weight, bias = model.output()
     clean = DiffusionTask().clean_table(weight)[targets.clamp(min=0)] * mask[..., None]
-    extras = DiffusionState(
+    extras = DiffusionInputs(
         clean, mask, torch.ones(4), torch.randn(4, 9), torch.full((4,), 4, dtype=torch.long)
     )
-    prediction = Prediction(clean + 0.3, None, extras)
+    prediction = Prediction(clean + 0.3, None, None, extras)
     terms = {}
     for w in (1.0, 0.5):
-        loss = DiffusionLoss(CrossEntropyObjective(), None, 1.0, DiffusionTask(diffusion_weight=w))
+        loss = DiffusionLoss(
+            CrossEntropyObjective(), None, 1.0, **DiffusionTask(diffusion_weight=w).loss_weights()
+        )
         terms[w] = loss.terms(prediction, targets, weight, bias)
     anchor, length = terms[1.0]["anchor"].loss, 0.1 * terms[1.0]["length"]
     assert torch.equal(terms[1.0]["loss"], terms[1.0]["mse"] + anchor + length)
@@ -197,13 +199,12 @@ def test_predict_and_loss_work_with_every_output_layer(denoiser, output_kind, he
     model = model_for(denoiser, output_kind, heads).train()
     task = DiffusionTask(schedule="dinoiser", clip_every=1)
     from targetlm.objectives import build_objective
-    from targetlm.tasks.diffusion import diffusion_loss
 
     objective = {"kind": "cross_entropy", "options": {}}
     if heads != "none":
         objective["options"] = {"ngram_alpha": 0.1}
-    loss = diffusion_loss(
-        build_objective(ComponentConfig(objective["kind"], objective["options"]), model), task
+    loss = task.training_objective(
+        build_objective(ComponentConfig(objective["kind"], objective["options"]), model), model
     )
     b = batch()
     prediction = task.predict(model, b)
@@ -230,9 +231,9 @@ def test_padding_never_changes_the_denoiser_output_at_real_positions(denoiser):
     t = torch.tensor([0.4, 0.7])
     previous = torch.randn(2, 8, 16)
     memory = encoder.start(model.embedding(together), mask)
-    padded = denoise(model, x, memory.at(t, target_mask, previous))
+    padded = model.forward_embedded(x, memory.at(t, target_mask, previous))
     alone_memory = encoder.start(model.embedding(short_source), torch.ones(1, 4, dtype=torch.bool))
-    alone = denoise(model, x[1:, :4], alone_memory.at(t[1:], None, previous[1:, :4]))
+    alone = model.forward_embedded(x[1:, :4], alone_memory.at(t[1:], None, previous[1:, :4]))
     torch.testing.assert_close(padded.main[1, :4], alone.main[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(padded.heads[:, 1, :4], alone.heads[:, 0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(
@@ -251,10 +252,10 @@ def test_cached_memory_keys_values_give_the_same_denoiser_output(denoiser):
     memory = encoder.start(model.embedding(source), mask)
     rows = torch.tensor([0, 0, 1, 1, 1])  # candidates per sentence, as decoding selects them
     x, t = torch.randn(5, 8, 16), torch.rand(5)
-    plain = denoise(model, x, memory.select(rows).at(t))
+    plain = model.forward_embedded(x, memory.select(rows).at(t))
     cached_state = encoder.cache_memory(memory).select(rows)
     assert len(cached_state.memory_keys_values) == len(encoder.decoder_layers)
-    cached = denoise(model, x, cached_state.at(t))
+    cached = model.forward_embedded(x, cached_state.at(t))
     torch.testing.assert_close(cached.main, plain.main, atol=1e-6, rtol=1e-6)
 
 

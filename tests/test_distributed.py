@@ -119,7 +119,7 @@ def test_translation_weighs_the_ranks_by_their_tokens(tmp_path):
             "eval.beam=1",
         ],
     )
-    trainer = distributed.trainer_for(config)  # alone: the TranslationTrainer
+    trainer = distributed.process_trainer()  # alone: the Trainer
     one = trainer(config, tmp_path / "one", log=_quiet).train()
     finished = _torchrun(_write(config, tmp_path / "config.toml"), tmp_path / "two")
     assert finished.returncode == 0, finished.stderr
@@ -141,13 +141,13 @@ def test_a_batch_the_processes_cannot_share_is_one_clear_error(tmp_path, monkeyp
 
 def test_alone_the_trainer_is_the_single_process_one(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert distributed.trainer_for(tiny_config()) is Trainer
+    assert distributed.process_trainer() is Trainer
     assert distributed.is_main_process()
     monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1
-    assert distributed.trainer_for(tiny_config()) is Trainer
+    assert distributed.process_trainer() is Trainer
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    assert distributed.trainer_for(tiny_config()) is distributed.DistributedTrainer
+    assert distributed.process_trainer() is distributed.DistributedTrainer
     assert not distributed.is_main_process()
 
 

@@ -14,10 +14,10 @@ from test_cli import QUICKSTART, assert_one_error, sets, snapshot
 
 import targetlm.lexicon
 from targetlm import config as config_lib
+from targetlm.checkpoint import load as load_checkpoint
 from targetlm.cli import main
 from targetlm.data import Vocabulary, read_split
 from targetlm.modules import build_model
-from targetlm.training.checkpoint import load as load_checkpoint
 
 SMALL = [
     "train.epochs=1",

@@ -221,7 +221,6 @@ def test_a_checkpoint_is_readable_without_the_training_package():
         "targetlm.modules",
         "targetlm.objectives",
         "targetlm.registry",
-        "targetlm.tasks",
     ],
 )
 def test_imports_run_downwards(lower):
@@ -232,4 +231,19 @@ def test_imports_run_downwards(lower):
     upper += ("targetlm.runs", "targetlm.training")
     for module in [m for m in graph if _inside(m, lower)]:
         wrong = sorted(m for m in _reachable(graph, module) if any(_inside(m, u) for u in upper))
+        assert not wrong, f"{module} imports {', '.join(wrong)}"
+
+
+def test_tasks_sit_above_inference_and_below_the_drivers():
+    """A task owns its evaluation and decoder (it calls ``targetlm.inference``), so inference
+    never imports a task; the trainer, the commands and the builders drive tasks, which never
+    import them (nor the configuration, read by name only under ``TYPE_CHECKING``)."""
+    graph = import_graph()
+    for module in [m for m in graph if _inside(m, "targetlm.inference")]:
+        wrong = sorted(m for m in _reachable(graph, module) if _inside(m, "targetlm.tasks"))
+        assert not wrong, f"{module} imports {', '.join(wrong)}"
+    drivers = ("targetlm.builders", "targetlm.cli", "targetlm.config", "targetlm.runs")
+    drivers += ("targetlm.training",)
+    for module in [m for m in graph if _inside(m, "targetlm.tasks")]:
+        wrong = sorted(m for m in _reachable(graph, module) if any(_inside(m, d) for d in drivers))
         assert not wrong, f"{module} imports {', '.join(wrong)}"

@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from targetlm.checkpoint import CheckpointError, load
 from targetlm.config import TrainConfig
 from targetlm.runs import load_run
 from targetlm.training import LrSchedule, RunDirError, Trainer, TrainingDiverged, save_atomic
-from targetlm.training.checkpoint import CheckpointError, load
 
 
 def _train_losses(run_dir: Path) -> list[float]:

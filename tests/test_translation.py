@@ -489,15 +489,15 @@ def test_training_continues_in_train_mode_after_validation_and_decoding(tmp_path
     (a regression: the model once stayed in eval mode after the first validation)."""
     from targetlm import builders
     from targetlm.inference.translate import DecodeOptions, evaluate_pairs, translate_ids
-    from targetlm.training import trainer_for
+    from targetlm.training import Trainer
 
     data = write_corpus(tmp_path / "data", pairs=40)
     config = builders.load_config(tiny_translation_config(tmp_path, data))
-    trainer = trainer_for(config)(config, tmp_path / "run", log=lambda m: None)
+    trainer = Trainer(config, tmp_path / "run", log=lambda m: None)
     trainer._setup()
     model = trainer.model
     model.train()
-    evaluate_pairs(model, trainer.eval_batches["valid"], trainer.task)
+    evaluate_pairs(model, trainer.data.batches["valid"], trainer.task)
     assert model.training
     translate_ids(model, [torch.tensor([5, 6, 7])], DecodeOptions(beam=2), trainer.vocab.eos_id)
     assert model.training

@@ -24,7 +24,7 @@ from targetlm.modules.encoders import Encoder
 from targetlm.modules.model import LanguageModel, build_model
 from targetlm.objectives import build_objective
 from targetlm.registry import ConfigError
-from targetlm.tasks import TASKS
+from targetlm.tasks import build_task
 
 __all__ = ["build_model", "build_objective", "config_from_dict", "load_config", "validate"]
 
@@ -54,47 +54,15 @@ def validate(config: Config) -> None:
     with torch.device("meta"):
         model: LanguageModel = build_model(config.model, 8, lexicon=Lexicon())
         build_objective(config.objective, model)
-    task = TASKS.build(config.task.kind, config.task.options, "task")
-    _validate_task(config, task, model)
+    task = build_task(config)
+    task.check_model(config.task.kind, config.model.encoder.kind, model)
     context = model.encoder.max_context if isinstance(model.encoder, Encoder) else None
     if context is not None:
         for key, value in (("data.bptt", config.data.bptt), ("eval.segment", config.eval.segment)):
             if value > context:
                 raise ConfigError(f"{key}: {value} exceeds model.encoder.max_context = {context}")
-    _validate_data(config.data)
+    _check_data_options(config.data)
     _validate_backbone(config)
-
-
-def _validate_task(config: Config, task: Any, model: LanguageModel) -> None:
-    """The task and the encoder fit: a task that reads a source (translation, diffusion) needs
-    an encoder that reads one and a stream task one that does not; the diffusion task and the
-    diffusion denoiser only go together; the diffusion task's default length beam fits the
-    denoiser's length classes."""
-    encoder, kind = model.encoder, config.task.kind
-    encoder_kind = f"model.encoder.kind = {config.model.encoder.kind!r}"
-    denoiser = bool(getattr(encoder, "denoiser", False))
-    if denoiser != (kind == "diffusion"):
-        raise ConfigError(
-            f"task.kind = 'diffusion' needs model.encoder.kind = 'diffusion_denoiser', not "
-            f"{config.model.encoder.kind!r}"
-            if kind == "diffusion"
-            else f"{encoder_kind} is a diffusion denoiser: it trains with task.kind = 'diffusion', "
-            f"not {kind!r}"
-        )
-    if bool(getattr(encoder, "conditional", False)) != task.conditional:
-        raise ConfigError(
-            f"task.kind = {kind!r} reads a source sentence: {encoder_kind} does not "
-            "(use 'transformer_seq2seq')"
-            if task.conditional
-            else f"{encoder_kind} reads a source sentence: use task.kind = 'translation', not {kind!r}"
-        )
-    if kind == "diffusion":
-        beam, classes = task.decode["length_beam"], encoder.num_length_classes
-        if beam > classes:
-            raise ConfigError(
-                f"task.length_beam = {beam} exceeds the denoiser's {classes} length classes "
-                "(2·model.encoder.max_length_difference + 1)"
-            )
 
 
 def _validate_backbone(config: Config) -> None:
@@ -135,7 +103,7 @@ def check_device(config: Config) -> None:
         )
 
 
-def _validate_data(data: DataConfig) -> None:
+def _check_data_options(data: DataConfig) -> None:
     """The tokenizer (built, untrained) and the synthetic language's sizes."""
     build_tokenizer(data)
     for key in ("nouns", "verbs", "adjectives"):

@@ -1,7 +1,7 @@
 """Checkpoints: plain state dicts, written atomically, loaded with ``weights_only=True``.
 
 Outside the training package so that a checkpoint is readable without it (``runs``,
-``eval``, ``generate``); ``targetlm.training.checkpoint`` re-exports these names.
+``eval``, ``generate``).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def read_best(run_dir: str | Path) -> tuple[dict, Vocabulary, Path]:
 
 
 def load_run(
-    run_dir: str | Path, overrides: Sequence[str] = (), tasks: tuple[str, ...] | None = ("lm",)
+    run_dir: str | Path, overrides: Sequence[str] = (), streams: bool | None = True
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """Rebuild the model of a run from its best checkpoint (or the last one, if none is best yet);
     ``run_dir`` may also be a config file (:func:`configured_model`: the model before training).
@@ -89,21 +89,16 @@ def load_run(
     A run trained on a GPU loads on the CPU where no GPU is available (with a warning);
     the returned config's ``train.device`` is where the model is. The vocabulary's
     ``tokenizer`` is the run's (``tokenizer.json`` for BPE / unigram, checked against it).
-    ``tasks``: the tasks the caller can use (a language-model command cannot read a
-    translation run); None: any.
+    ``streams``: the runs the caller can read (:func:`check_task`: True, a language-model
+    command cannot read a translation run; False, sentence pairs only; None: any).
     """
     if Path(run_dir).is_file():  # a config file: its model before any training
-        return configured_model(Path(run_dir), overrides, tasks)
+        return configured_model(Path(run_dir), overrides, streams)
     checkpoint, vocab, path = read_best(run_dir)
     config = builders.config_from_dict(
         config_lib.apply_overrides(checkpoint["config"], list(overrides))
     )
-    if tasks is not None and config.task.kind not in tasks:
-        hint = " (use `targetlm translate` or `eval`)" if config.task.kind == "translation" else ""
-        raise ConfigError(
-            f"{run_dir} is a {config.task.kind!r} run; this command reads "
-            f"{' or '.join(repr(t) for t in tasks)} runs{hint}"
-        )
+    check_task(config, streams, str(run_dir), "run")
     vocab.tokenizer = load_tokenizer(config.data, Path(run_dir), vocab)
     device = available_device(config.train.device)
     if str(device) != config.train.device:
@@ -116,8 +111,25 @@ def load_run(
     return config, vocab, model.to(device), checkpoint
 
 
+def check_task(config: Config, streams: bool | None, where: str, what: str) -> None:
+    """Refuse a run (or config) whose task the command cannot read: ``streams`` True: a
+    language-model command (its task is a :class:`~targetlm.tasks.StreamTask`), False: a
+    sentence-pair one (``translate``), None: any."""
+    from targetlm.tasks import StreamTask, build_task
+
+    if streams is None:
+        return
+    task = build_task(config)
+    if isinstance(task, StreamTask) != streams:
+        reads = "language-model (stream)" if streams else "sentence-pair"
+        hint = " (use `targetlm translate` or `eval`)" if streams else ""
+        raise ConfigError(
+            f"{where} is a {config.task.kind!r} {what}; this command reads {reads} runs{hint}"
+        )
+
+
 def configured_model(
-    path: Path, overrides: Sequence[str] = (), tasks: tuple[str, ...] | None = ("lm",)
+    path: Path, overrides: Sequence[str] = (), streams: bool | None = True
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """The model of a config file as built, before any training (a pretrained backbone as it
     was published; other models randomly initialised with ``train.seed``), with the
@@ -125,8 +137,7 @@ def configured_model(
     from targetlm.data.datasets import load_corpus
 
     config = builders.load_config(path, list(overrides))
-    if tasks is not None and config.task.kind not in tasks:
-        raise ConfigError(f"{path}: a {config.task.kind!r} config; this command reads an 'lm' one")
+    check_task(config, streams, str(path), "config")
     vocab = load_corpus(config.data, (config.data.train,)).vocab
     device = available_device(config.train.device)
     torch.manual_seed(config.train.seed)

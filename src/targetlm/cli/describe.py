@@ -7,9 +7,7 @@ import json
 
 from targetlm import builders
 from targetlm import config as config_lib
-from targetlm.data import (
-    load_corpus,
-)
+from targetlm.tasks import build_task
 
 
 def run(args: argparse.Namespace) -> int:
@@ -17,12 +15,7 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.lexicon import Lexicon
 
     config = builders.load_config(args.config, args.set)
-    if config.task.kind in ("translation", "diffusion"):  # sentence pairs
-        from targetlm.data.parallel import load_parallel
-
-        vocab = load_parallel(config.data, ()).vocab  # the joint subword vocabulary
-    else:
-        vocab = load_corpus(config.data, (config.data.train,)).vocab  # the tokenizer's, if any
+    vocab = build_task(config).vocabulary(config)
     # parameters never depend on the lexicon's contents, so counting needs no WordNet
     model = builders.build_model(config.model, vocab.itos, lexicon=Lexicon())
     params = model.parameter_counts()

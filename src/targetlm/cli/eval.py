@@ -26,6 +26,7 @@ from targetlm.data import (
 )
 from targetlm.modules.encoders import Encoder
 from targetlm.registry import ConfigError
+from targetlm.tasks import SentencePairTask, build_task
 
 # an evaluation with more out-of-vocabulary tokens than this says so in its printed line:
 # its perplexity mostly measures how well the model predicts <unk>
@@ -52,13 +53,10 @@ def run(args: argparse.Namespace) -> int:
     combiners = combiners_from_args(args)
     if args.file is not None and args.split is not None:
         raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
-    config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), tasks=None)
-    if config.task.kind == "translation":
-        return _eval_translation(args, config, vocab, model)
-    if config.task.kind == "diffusion":  # its validation losses
-        from targetlm.inference.diffusion import eval_run
-
-        return eval_run(args, config, vocab, model)
+    config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), streams=None)
+    task = build_task(config)
+    if isinstance(task, SentencePairTask):  # its splits, with the task's figures
+        return _eval_pairs(args, task, config, vocab, model)
     check_combiners(args, config, model)
     split = args.split or "test"
     if args.file is not None:
@@ -129,74 +127,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_translation(args: argparse.Namespace, config, vocab, model) -> int:
-    """Teacher-forced loss and perplexity, and BLEU / chrF of beam search (``eval.beam``;
-    ``--ensemble-lambda``: the first λ inside the search), on valid and test or ``--split``."""
-
-    from targetlm.data.parallel import read_parallel
-    from targetlm.inference.translate import (
-        DecodeOptions,
-        evaluate_pairs,
-        score_translations,
-        translate_texts,
-    )
-    from targetlm.tasks import TASKS, pair_batches
-
+def _eval_pairs(args: argparse.Namespace, task: SentencePairTask, config, vocab, model) -> int:
+    """A sentence-pair run on valid and test (or ``--split``): the task's figures
+    (translation: teacher-forced loss and perplexity, BLEU / chrF of beam search with
+    ``--ensemble-lambda``'s first λ inside it; diffusion: its validation losses)."""
     if args.file is not None or combiners_from_args(args) is not None:
         raise ConfigError(
-            "a translation run is evaluated on its splits: use `targetlm translate` for a file; "
-            "the scoring options are for language models"
+            f"a {config.task.kind!r} run is evaluated on its splits: use `targetlm translate` "
+            "for a file; the scoring options are for language models"
         )
     lam = args.ensemble_lambda[0] if args.ensemble_lambda else 0.0
-    options = DecodeOptions(beam=config.eval.beam, ensemble_lambda=lam)
-    options.check(model)
-    task = TASKS.build(config.task.kind, config.task.options, "task")
-    results = {}
-    for split in [args.split] if args.split else ["valid", "test"]:
-        name = getattr(config.data, split)
-        part = read_parallel(config.data, name, train=False)
-        source = _encode(vocab, part.source_lines)
-        target = _encode(vocab, part.target_lines)
-        batches = pair_batches(
-            source,
-            target,
-            vocab.eos_id,
-            max_tokens=config.data.max_tokens,
-            batch_size=config.data.batch_size,
-        )
-        loss = evaluate_pairs(model, batches, task, config.train.device)
-        hypotheses, seconds = translate_texts(
-            model,
-            vocab,
-            source,
-            options,
-            batch_size=config.eval.batch_size,
-            device=config.train.device,
-        )
-        results[split] = {
-            "split": name,
-            **loss,
-            **score_translations(hypotheses, part.target_lines),
-            "beam": options.beam,
-            "ensemble_lambda": lam,
-            "sentences_per_s": len(hypotheses) / max(seconds, 1e-9),
-        }
+    results = {
+        split: task.evaluate_run(model, vocab, config, split, lam)
+        for split in ([args.split] if args.split else ["valid", "test"])
+    }
     if args.json:
         print(json.dumps(results))
         return 0
-    for split, r in results.items():
-        print(
-            f"{split} ({r['split']}): loss {r['nll']:.3f}, ppl {r['ppl']:.2f} over "
-            f"{r['tokens']:,} target tokens; BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f} "
-            f"(beam {r['beam']}, λ {lam:g}) {r['bleu_signature']}"
-        )
+    for split, result in results.items():
+        print(task.describe(split, result))
     return 0
-
-
-def _encode(vocab, lines):
-    from targetlm.data.parallel import encode_lines
-
-    return encode_lines(vocab.tokenizer, vocab, lines)
 
 
 def _print_summary(result: dict) -> None:

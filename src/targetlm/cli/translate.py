@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from targetlm.data.parallel import (
 from targetlm.data.vocab import DataError
 from targetlm.files import atomic_write
 from targetlm.registry import MAX_SIZE, ConfigError, Range
-from targetlm.tasks import TASKS
+from targetlm.tasks import TASKS, SentencePairTask, build_task
 
 
 def read_sources(path: Path, lowercase: bool) -> list[str]:
@@ -40,41 +39,28 @@ def read_sources(path: Path, lowercase: bool) -> list[str]:
 def translate_file(
     run_dir: Path,
     source_path: Path,
-    options: Any,
     *,
+    ensemble_lambda: float = 0.0,
+    beam: dict[str, Any] | None = None,
+    diffusion: dict[str, Any] | None = None,
     reference_path: Path | None = None,
     overrides: list[str] = (),
-    diffusion: dict[str, Any] | None = None,
-    beam_flags: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, Any]]:
     """The translations of ``source_path``'s lines and a summary (BLEU, chrF and their
-    signatures with a reference; sentences, seconds, sentences/s). ``diffusion``: the
-    decoding options of a diffusion run (steps, length_beam, samples, seed, sampler; None: its own).
-    ``beam_flags``: the beam-search options given on the command line (refused for a diffusion
-    run, which would ignore them)."""
-    from targetlm.inference.translate import score_translations, translate_texts
+    signatures with a reference; sentences, seconds, sentences/s), decoded by the run's task
+    (:class:`~targetlm.tasks.SentencePairTask`). ``beam``: beam search's options given on the
+    command line, ``diffusion``: diffusion decoding's (steps, length_beam, samples, seed,
+    sampler, oracle_length); None values are not given (the run's defaults). The task refuses
+    the options of a decoder it does not use."""
+    from targetlm.inference.translate import score_translations
     from targetlm.runs import load_run
 
-    config, vocab, model, _ = load_run(run_dir, list(overrides), tasks=("translation", "diffusion"))
+    config, vocab, model, _ = load_run(run_dir, list(overrides), streams=False)
+    task = build_task(config)
+    assert isinstance(task, SentencePairTask)  # (load_run refused a stream run)
     diffusion = dict(diffusion or {})
-    oracle_length = bool(diffusion.pop("oracle_length", None))
-    if config.task.kind == "diffusion":  # non-autoregressive: targetlm.inference.diffusion
-        from targetlm.inference import diffusion as diffusion_decoding
-        from targetlm.tasks import TASKS
-
-        task = TASKS.build(config.task.kind, config.task.options, "task")
-        if beam_flags:
-            raise ConfigError(
-                f"{', '.join(beam_flags)}: beam search's options; a diffusion run decodes with "
-                "--steps, --length-beam and --samples"
-            )
-        options = diffusion_decoding.decode_options(task, options.ensemble_lambda, **diffusion)
-        translate_texts = partial(diffusion_decoding.translate_texts, task=task)
-    elif oracle_length or any(v is not None for v in diffusion.values()):
-        raise ConfigError(
-            "--steps, --length-beam, --samples, --seed, --sampler and --oracle-length are for "
-            "diffusion runs"
-        )
+    oracle_length = bool(diffusion.get("oracle_length"))
+    options = task.decoding_options(ensemble_lambda, dict(beam or {}), diffusion)
     if oracle_length and reference_path is None:
         raise ConfigError("--oracle-length decodes at the reference's lengths: give --reference")
     options.check(model)
@@ -91,18 +77,18 @@ def translate_file(
                 f"{source_path}, line {number}: {len(ids)} source tokens exceed the model's "
                 f"max_context {context}"
             )
-    lengths = {}
+    target_lengths = None
     if oracle_length:  # each reference's length in target tokens, <eos> included
         targets = encode_lines(vocab.tokenizer, vocab, references)
-        lengths["target_lengths"] = [len(ids) for ids in targets]
-    hypotheses, seconds = translate_texts(
+        target_lengths = [len(ids) for ids in targets]
+    hypotheses, seconds = task.translate_texts(
         model,
         vocab,
         sources,
         options,
         batch_size=config.eval.batch_size,
         device=config.train.device,
-        **lengths,
+        target_lengths=target_lengths,
     )
     summary: dict[str, Any] = {
         "sentences": len(hypotheses),
@@ -113,8 +99,7 @@ def translate_file(
         "length_penalty": options.length_penalty,
         "input": str(source_path),
     }
-    if config.task.kind == "diffusion":
-        summary.update(options.summary(), oracle_length=oracle_length)
+    summary.update(task.decoding_summary(options), oracle_length=oracle_length)
     if references is not None:
         summary.update(score_translations(hypotheses, references))
         summary["reference"] = str(reference_path)
@@ -129,23 +114,19 @@ def write_lines_atomic(path: Path, lines: list[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm translate``; returns the exit status."""
-    from targetlm.inference.translate import DecodeOptions
-
     if args.output is not None:
         inputs = [args.input, args.reference, *run_inputs(args.run_dir)]
         check_output(args.output, "--output", inputs, args.force)
-    beam_options = {  # None: not given (DecodeOptions' default)
-        "beam": args.beam,
-        "length_penalty": args.length_penalty,
-        "max_len_a": args.max_len_a,
-        "max_len_b": args.max_len_b,
-    }
-    given = {key: value for key, value in beam_options.items() if value is not None}
-    options = DecodeOptions(ensemble_lambda=args.ensemble_lambda, **given)
     hypotheses, summary = translate_file(
         args.run_dir,
         args.input,
-        options,
+        ensemble_lambda=args.ensemble_lambda,
+        beam={  # None: not given (the decoder's default)
+            "beam": args.beam,
+            "length_penalty": args.length_penalty,
+            "max_len_a": args.max_len_a,
+            "max_len_b": args.max_len_b,
+        },
         reference_path=args.reference,
         overrides=args.set,
         diffusion={
@@ -156,7 +137,6 @@ def run(args: argparse.Namespace) -> int:
             "sampler": args.sampler,
             "oracle_length": args.oracle_length,
         },
-        beam_flags=["--" + key.replace("_", "-") for key in given],
     )
     if args.output is not None:
         write_lines_atomic(args.output, hypotheses)
@@ -173,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{summary['sentences']} sentences in {summary['seconds']:.1f} s "
         f"({summary['sentences_per_s']:.1f} sentences/s, "
-        f"{summary.get('decoding', f'beam {options.beam}')}, "
+        f"{summary.get('decoding', 'beam ' + str(summary['beam']))}, "
         f"ensemble λ {args.ensemble_lambda:g})"
     )
     return 0

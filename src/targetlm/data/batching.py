@@ -30,6 +30,9 @@ and do not carry state in training (``train.carry_state = false``).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import overload
 
 import torch
 
@@ -107,3 +110,105 @@ class StreamBatches:
 def with_context_token(ids: torch.Tensor, eos_id: int) -> torch.Tensor:
     """Put one ``<eos>`` in front of a split so its first word is predicted as a sentence start."""
     return torch.cat([torch.tensor([eos_id], dtype=torch.long), ids])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One step's data.
+
+    inputs: (B, T) what the model reads.
+    targets: (B, T + lookahead) the target of each of the T columns, then ``lookahead`` more
+        columns (the N-gram heads' later words); ``IGNORE`` marks padding.
+    positions: (B, T) the index of each column's target in the text (evaluation, per-token
+        output), ``IGNORE`` for padding; None when not asked for.
+    source: (B, S) the source sentences a conditional task reads (translation), padded;
+        None for language modelling. source_mask: (B, S) bool, True at real source tokens.
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    positions: torch.Tensor | None = None
+    source: torch.Tensor | None = None
+    source_mask: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Batch:
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        return Batch(
+            self.inputs.to(device),
+            self.targets.to(device),
+            move(self.positions),
+            move(self.source),
+            move(self.source_mask),
+        )
+
+
+def pad(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
+    """Right-padded (len(rows), max length) tensor."""
+    return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=value)
+
+
+class StreamBatchSequence(Sequence[Batch]):
+    """The segments of a :class:`~targetlm.data.batching.StreamBatches` stream as :class:`Batch` es.
+
+    Args:
+        targets: the stream of ``ids`` (its inputs are read unless ``inputs`` is given).
+        inputs: the same layout over the ids the model reads, or None.
+        positions: the same layout over text positions (its targets are the indices), or None.
+    """
+
+    def __init__(
+        self,
+        targets: StreamBatches,
+        inputs: StreamBatches | None = None,
+        positions: StreamBatches | None = None,
+    ) -> None:
+        self.stream = targets
+        self.inputs = inputs
+        self.positions = positions
+
+    @property
+    def num_targets(self) -> int:
+        return self.stream.num_targets
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    @overload
+    def __getitem__(self, index: int) -> Batch: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Batch]: ...
+    def __getitem__(self, index: int | slice) -> Batch | Sequence[Batch]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        inputs, targets = self.stream[index]
+        if self.inputs is not None:
+            inputs = self.inputs[index][0]
+        positions = None
+        if self.positions is not None:
+            positions = self.positions[index][1][:, : inputs.size(1)]
+        return Batch(inputs, targets, positions)
+
+
+def stream_batches(
+    ids: torch.Tensor,
+    batch_size: int,
+    segment: int,
+    *,
+    train: bool,
+    lookahead: int = 0,
+    input_ids: torch.Tensor | None = None,
+    positions: bool = False,
+) -> StreamBatchSequence:
+    """The language-modelling batches of a token stream ``ids`` (N + 1,), the context token
+    first (see the module; the ``lm`` task's :meth:`batches`)."""
+
+    def stream(values: torch.Tensor, extra: int = 0) -> StreamBatches:
+        return StreamBatches(values, batch_size, segment, pad=not train, lookahead=extra)
+
+    return StreamBatchSequence(
+        stream(ids, lookahead),
+        None if input_ids is None else stream(input_ids),
+        stream(torch.arange(len(ids))) if positions else None,
+    )

@@ -26,23 +26,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from targetlm import functional
-from targetlm.inference.translate import decode_in_batches, timed_texts
-from targetlm.modules.model import LanguageModel
+from targetlm.data.batching import Batch
+from targetlm.inference.translate import decode_in_batches, timed_texts, until_eos
+from targetlm.modules.diffusion import SAMPLERS, denoiser_of
+from targetlm.modules.model import LanguageModel, evaluating
+from targetlm.objectives.diffusion import DiffusionLoss
 from targetlm.registry import ConfigError
-from targetlm.tasks.base import Batch
-from targetlm.tasks.diffusion import (
-    SAMPLERS,
-    DiffusionLoss,
-    DiffusionTask,
-    denoise,
-    denoiser_of,
-)
+
+if TYPE_CHECKING:
+    from targetlm.tasks.diffusion import DiffusionTask
 
 
 @dataclass(frozen=True)
@@ -158,7 +156,9 @@ def generate(
     keep = target_mask[..., None].to(x.dtype)
     for i in range(K):
         t = times[i] * ones
-        prediction = denoise(model, x, state.at(t, target_mask, previous), run_heads=lam > 0)
+        prediction = model.forward_embedded(
+            x, state.at(t, target_mask, previous), run_heads=lam > 0
+        )
         estimate = head_ensemble(model, prediction.main, prediction.heads, lam) * keep
         previous = estimate if denoiser.self_condition else None
         if i + 1 < K:
@@ -169,15 +169,11 @@ def generate(
             else:
                 x = schedule.posterior_mean(x, estimate, t, s)
     tokens = task.logits(model, estimate).argmax(-1).tolist()  # (R, T)
-    candidates = [_until_eos(row[:length], eos) for row, length in zip(tokens, lengths.tolist())]
+    candidates = [until_eos(row[:length], eos) for row, length in zip(tokens, lengths.tolist())]
     per_sentence = Lb * S
     return [
         minimum_bayes_risk(candidates[b * per_sentence : (b + 1) * per_sentence]) for b in range(B)
     ]
-
-
-def _until_eos(tokens: list[int], eos: int) -> list[int]:
-    return tokens[: tokens.index(eos)] if eos in tokens else tokens
 
 
 def minimum_bayes_risk(candidates: Sequence[list[int]]) -> list[int]:
@@ -274,27 +270,32 @@ def evaluate_diffusion(
     """The validation losses at seeded times and noise: ``loss`` (the training total),
     ``mse`` (L₀), ``head_mse`` (L_n), ``nll``/``ppl`` (the anchor cross-entropy per target
     token), ``length_loss`` and ``length_accuracy`` (per sentence), ``tokens``, ``sentences``."""
-    was_training = model.training
-    model.eval()
     generator = torch.Generator(device=device).manual_seed(seed)
-    weight, bias = model.output()
-    sums: dict[str, float] = {"loss": 0.0, "mse": 0.0, "nll": 0.0, "length": 0.0, "correct": 0.0}
-    head_sums: list[float] = []
-    tokens = sentences = 0
-    for batch in batches:
-        batch = batch.to(device)
-        prediction = task.predict(model, batch, generator=generator)
-        terms = loss.terms(prediction, batch.targets, weight, bias)
-        count, rows = terms["anchor"].count, batch.targets.size(0)
-        sums["loss"] += float(terms["loss"]) * count
-        sums["mse"] += float(terms["mse"]) * count
-        sums["nll"] += float(terms["anchor"].nll_sum)
-        sums["length"] += float(terms["length"]) * rows
-        sums["correct"] += float(terms["length_accuracy"]) * rows
-        values = [float(v) * count for v in terms["head_mse"]]
-        head_sums = [a + b for a, b in zip(head_sums, values)] if head_sums else values
-        tokens, sentences = tokens + count, sentences + rows
-    model.train(was_training)
+    coins = torch.Generator().manual_seed(seed) if generator.device.type != "cpu" else None
+    with evaluating(model):
+        weight, bias = model.output()
+        sums: dict[str, float] = {
+            "loss": 0.0,
+            "mse": 0.0,
+            "nll": 0.0,
+            "length": 0.0,
+            "correct": 0.0,
+        }
+        head_sums: list[float] = []
+        tokens = sentences = 0
+        for batch in batches:
+            batch = batch.to(device)
+            prediction = task.predict(model, batch, generator=generator, coin_generator=coins)
+            terms = loss.terms(prediction, batch.targets, weight, bias)
+            count, rows = terms["anchor"].count, batch.targets.size(0)
+            sums["loss"] += float(terms["loss"]) * count
+            sums["mse"] += float(terms["mse"]) * count
+            sums["nll"] += float(terms["anchor"].nll_sum)
+            sums["length"] += float(terms["length"]) * rows
+            sums["correct"] += float(terms["length_accuracy"]) * rows
+            values = [float(v) * count for v in terms["head_mse"]]
+            head_sums = [a + b for a, b in zip(head_sums, values)] if head_sums else values
+            tokens, sentences = tokens + count, sentences + rows
     n = max(tokens, 1)
     nll = sums["nll"] / n
     return {
@@ -308,48 +309,3 @@ def evaluate_diffusion(
         "tokens": tokens,
         "sentences": sentences,
     }
-
-
-def eval_run(args: Any, config: Any, vocab: Any, model: LanguageModel) -> int:
-    """``targetlm eval RUN`` of a diffusion run: the validation losses of valid and test (or
-    ``--split``); decoding and BLEU are ``targetlm translate``'s."""
-    import json
-
-    from targetlm.data.parallel import encode_lines, read_parallel
-    from targetlm.objectives import build_objective
-    from targetlm.tasks import TASKS, pair_batches
-    from targetlm.tasks.diffusion import diffusion_loss
-
-    if args.file is not None or args.ensemble_lambda:
-        raise ConfigError(
-            "a diffusion run is evaluated on its splits (its losses): use `targetlm translate "
-            "RUN --input SRC [--ensemble-lambda L]` to decode a file"
-        )
-    task = TASKS.build(config.task.kind, config.task.options, "task")
-    loss = diffusion_loss(build_objective(config.objective, model), task)
-    results = {}
-    for split in [args.split] if args.split else ["valid", "test"]:
-        name = getattr(config.data, split)
-        part = read_parallel(config.data, name, train=False)
-        batches = pair_batches(
-            encode_lines(vocab.tokenizer, vocab, part.source_lines),
-            encode_lines(vocab.tokenizer, vocab, part.target_lines),
-            vocab.eos_id,
-            max_tokens=config.data.max_tokens,
-            batch_size=config.data.batch_size,
-        )
-        results[split] = {
-            "split": name,
-            **evaluate_diffusion(model, batches, task, loss, config.train.device),
-        }
-    if args.json:
-        print(json.dumps(results))
-        return 0
-    for split, r in results.items():
-        heads = "".join(f", L_{n} {v:.4f}" for n, v in enumerate(r["head_mse"], 1))
-        print(
-            f"{split} ({r['split']}): loss {r['loss']:.4f} (MSE L_0 {r['mse']:.4f}{heads}; "
-            f"anchor NLL {r['nll']:.3f}, ppl {r['ppl']:.2f} over {r['tokens']:,} target tokens; "
-            f"length loss {r['length_loss']:.3f}, accuracy {r['length_accuracy']:.1%})"
-        )
-    return 0

@@ -22,18 +22,20 @@ import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 
 from targetlm import functional
 from targetlm.chunked import auto_chunks, logit_statistics
-from targetlm.data.batching import IGNORE
+from targetlm.data.batching import IGNORE, Batch, stream_batches
 from targetlm.inference.combiners import BuiltCombiners, ScoringContext, Segment, StreamLogits
 from targetlm.inference.progress import progress_bar
-from targetlm.modules.model import LanguageModel
-from targetlm.tasks import LanguageModelingTask, Task
+from targetlm.modules.model import LanguageModel, evaluating
+
+if TYPE_CHECKING:
+    from targetlm.tasks import Task
 
 
 @dataclass
@@ -87,12 +89,36 @@ def evaluate_ids(
             V_eval), for this evaluation only.
         per_token: also return per-token log-probabilities.
         inspect: called with the main stream's logits and targets of every segment.
-        task: how the stream becomes batches and the model reads them (default ``lm``).
+        task: how the stream becomes batches and the model reads them (a
+            :class:`~targetlm.tasks.StreamTask`; None: language modelling, the ``lm`` task's).
         loss_impl: the logit layer ``full``, ``chunked`` or ``auto`` (see the module docstring).
     """
-    was_training = model.training
-    model.eval()
-    combiners = combiners or BuiltCombiners()
+    with evaluating(model):
+        return _score_stream(
+            model, target_ids, batch_size, segment, combiners or BuiltCombiners(), context,
+            input_ids, output, embedding, per_token, inspect, task,
+            device, loss_impl,
+        )  # fmt: skip
+
+
+def _score_stream(
+    model: LanguageModel,
+    target_ids: torch.Tensor,
+    batch_size: int,
+    segment: int,
+    combiners: BuiltCombiners,
+    context: ScoringContext | None,
+    input_ids: torch.Tensor | None,
+    output: tuple[torch.Tensor, torch.Tensor | None] | None,
+    embedding: nn.Module | None,
+    per_token: bool,
+    inspect: Inspector | None,
+    task: Task | None,
+    device: str | torch.device,
+    loss_impl: Literal["full", "chunked", "auto"],
+) -> list[StreamResult]:
+    """:func:`evaluate_ids`'s loop, the model in eval mode: the combiners started, then
+    every segment's streams scored (:func:`_segment_nll`)."""
     weight, bias = output if output is not None else model.output()
     if context is None:
         rows = weight.size(0)
@@ -104,8 +130,8 @@ def evaluate_ids(
         combiner.start(context)
     exact_probs = per_token or bool(probability)  # else: summed cross entropy, as in training
 
-    task = task or LanguageModelingTask()
-    batches = task.batches(
+    make_batches = stream_batches if task is None else task.batches
+    batches = make_batches(
         target_ids, batch_size, segment, train=False, input_ids=input_ids, positions=per_token
     )
     streams = 1 + (len(vector.names) if vector is not None else 0)
@@ -117,7 +143,7 @@ def evaluate_ids(
         for batch in batches:
             batch = batch.to(device)
             y = batch.targets  # (B, T)
-            prediction = task.predict(model, batch, state, run_heads=vector is not None)
+            prediction = _predict(model, task, batch, state, run_heads=vector is not None)
             state = prediction.state
             current = Segment(prediction, y)
             predicted = [prediction.main, *(vector.streams(current) if vector else [])]
@@ -130,34 +156,59 @@ def evaluate_ids(
             done: dict[int, tuple[float, torch.Tensor | None]] = {}  # λ = 0 is the main x̂
             for s, vectors in enumerate(predicted):
                 if id(vectors) not in done:
-                    chunked = loss_impl == "chunked" or (
-                        loss_impl == "auto"
-                        and inspect is None
-                        and auto_chunks(vectors.shape[:-1].numel(), weight.size(0))
-                    )
-                    if not exact_probs and not chunked:  # summed cross entropy, as in training
-                        logits = functional.logits(vectors, weight, bias)  # (B, T, V_scored)
-                        if inspect is not None and s == 0:
-                            inspect(logits, y)
-                        nll_sum = functional.cross_entropy(logits.flatten(0, -2), y.reshape(-1))[1]
-                        done[id(vectors)] = (float(nll_sum), None)
-                    else:
-                        done[id(vectors)] = _stream_log_probs(
-                            vectors, weight, bias, current, context, probability, chunked,
-                            inspect if s == 0 else None, exact_probs,
-                        )  # fmt: skip
+                    done[id(vectors)] = _segment_nll(
+                        vectors, weight, bias, current, context, probability, loss_impl,
+                        inspect if s == 0 else None, exact_probs,
+                    )  # fmt: skip
                 nll_sum, token_log_probs = done[id(vectors)]
                 totals[s] += nll_sum
                 if batch.positions is not None and token_log_probs is not None:
                     positions = batch.positions.cpu()  # (B, T): index in target_ids
                     keep = positions != IGNORE
                     log_probs[s][positions[keep] - 1] = token_log_probs.cpu()[keep]
-    model.train(was_training)
     if count == 0:
         raise ValueError("nothing to score")
     return [
         StreamResult(totals[s], count, log_probs[s] if per_token else None) for s in range(streams)
     ]
+
+
+def _predict(model: LanguageModel, task: Task | None, batch: Batch, state, run_heads: bool):
+    """The task's prediction of ``batch``; a language model's (the ``lm`` task's) for None."""
+    if task is None:
+        return model(batch.inputs, state, run_heads=run_heads)
+    return task.predict(model, batch, state, run_heads=run_heads)
+
+
+def _segment_nll(
+    vectors: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    current: Segment,
+    context: ScoringContext,
+    probability: list,
+    loss_impl: str,
+    inspect: Inspector | None,
+    exact_probs: bool,
+) -> tuple[float, torch.Tensor | None]:
+    """One stream's summed NLL over a segment (and its per-token log-probabilities when
+    ``exact_probs``): the summed cross entropy, as in training, where nothing needs the
+    probabilities; else :func:`_stream_log_probs` (full or chunked logits)."""
+    y = current.targets
+    chunked = loss_impl == "chunked" or (
+        loss_impl == "auto"
+        and inspect is None
+        and auto_chunks(vectors.shape[:-1].numel(), weight.size(0))
+    )
+    if not exact_probs and not chunked:
+        logits = functional.logits(vectors, weight, bias)  # (B, T, V_scored)
+        if inspect is not None:
+            inspect(logits, y)
+        nll_sum = functional.cross_entropy(logits.flatten(0, -2), y.reshape(-1))[1]
+        return float(nll_sum), None
+    return _stream_log_probs(
+        vectors, weight, bias, current, context, probability, chunked, inspect, exact_probs
+    )
 
 
 def _stream_log_probs(

@@ -33,14 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from targetlm import functional
-from targetlm.data.batching import IGNORE
+from targetlm.data.batching import IGNORE, Batch, pad
 from targetlm.inference.progress import progress_bar
 from targetlm.modules.heads import NgramHeads
-from targetlm.modules.model import LanguageModel
+from targetlm.modules.model import LanguageModel, evaluating
 from targetlm.modules.seq2seq import DecoderState
 from targetlm.registry import ConfigError
-from targetlm.tasks.base import Batch
-from targetlm.tasks.translation import pad
 
 
 @dataclass(frozen=True)
@@ -201,10 +199,11 @@ def greedy(
         if bool(finished.all()):
             break
         stepper.advance(tokens)
-    return [_until_eos(row, eos) for row in outputs.tolist()]
+    return [until_eos(row, eos) for row in outputs.tolist()]
 
 
-def _until_eos(tokens: list[int], eos: int) -> list[int]:
+def until_eos(tokens: list[int], eos: int) -> list[int]:
+    """``tokens`` up to their first ``eos`` (left out), or all of them."""
     return tokens[: tokens.index(eos)] if eos in tokens else tokens
 
 
@@ -290,11 +289,9 @@ def decode_in_batches(
     """``decode_batch(source (B, S), mask (B, S), index)`` over every source, batched by
     length (``index``: the batch's positions in ``sources``), outputs in input order; in eval
     mode, the model left in the mode it was in."""
-    was_training = model.training
-    model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     outputs: list[list[int]] = [[] for _ in sources]
-    with progress_bar(len(sources), "sent", "translating") as bar:
+    with evaluating(model), progress_bar(len(sources), "sent", "translating") as bar:
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             source = pad([sources[i] for i in chunk], 0).to(device)
@@ -303,7 +300,6 @@ def decode_in_batches(
             for i, output in zip(chunk, decode_batch(source, mask, chunk)):
                 outputs[i] = output
             bar.update(len(chunk))
-    model.train(was_training)
     return outputs
 
 
@@ -364,24 +360,22 @@ def evaluate_pairs(
     """Teacher-forced next-token NLL of the main head over the target sides: ``{"nll",
     "ppl", "tokens"}`` (per subword token, ``<eos>`` included). The model is evaluated in
     eval mode and left in the mode it was in (training continues with dropout)."""
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    weight, bias = model.output()
-    for batch in batches:
-        batch = batch.to(device)
-        prediction = task.predict(model, batch, run_heads=False)
-        logits = F.linear(prediction.main, weight, bias).float()
-        total += float(
-            F.cross_entropy(
-                logits.flatten(0, 1),
-                batch.targets.reshape(-1),
-                ignore_index=IGNORE,
-                reduction="sum",
+    with evaluating(model):
+        weight, bias = model.output()
+        for batch in batches:
+            batch = batch.to(device)
+            prediction = task.predict(model, batch, run_heads=False)
+            logits = F.linear(prediction.main, weight, bias).float()
+            total += float(
+                F.cross_entropy(
+                    logits.flatten(0, 1),
+                    batch.targets.reshape(-1),
+                    ignore_index=IGNORE,
+                    reduction="sum",
+                )
             )
-        )
-        count += int((batch.targets != IGNORE).sum())
-    model.train(was_training)
+            count += int((batch.targets != IGNORE).sum())
     nll = total / max(count, 1)
     return {"nll": nll, "ppl": float(torch.exp(torch.tensor(nll))), "tokens": count}
 

@@ -41,7 +41,7 @@ from targetlm.modules.encoders import (
     sinusoidal_positions,
 )
 from targetlm.modules.seq2seq import Attention, EncoderLayer, _Block, check_stack_options
-from targetlm.registry import Count, Fraction, Size
+from targetlm.registry import ConfigError, Count, Fraction, Size
 
 # --- forward processes ------------------------------------------------------------------------
 
@@ -369,3 +369,16 @@ class DiffusionDenoiser(Encoder):
         for layer, keys_values in zip(self.decoder_layers, cached):
             h = layer(h, state.target_mask, state.memory, state.memory_mask, keys_values)
         return self.decoder_norm(h), state
+
+
+SAMPLERS = ("renoise", "posterior")  # diffusion decoding's update of x_t
+
+
+def denoiser_of(model: nn.Module) -> DiffusionDenoiser:
+    """``model``'s encoder, a diffusion denoiser (a one-line error for any other)."""
+    if not isinstance(model.encoder, DiffusionDenoiser):
+        raise ConfigError(
+            "task.kind = 'diffusion' needs a denoiser: model.encoder.kind = 'diffusion_denoiser', "
+            f"got a {type(model.encoder).__name__}"
+        )
+    return model.encoder

@@ -34,11 +34,14 @@ class Encoder(nn.Module):
         conditional: True when the encoder reads a source besides the stream (an
             encoder–decoder: its state comes from ``start``, made by the translation task),
             so it cannot run a plain language model.
+        denoiser: True for a diffusion denoiser (it reads noised target embeddings, and
+            trains with the diffusion task only).
     """
 
     output_size: int
     max_context: int | None = None
     conditional: bool = False
+    denoiser: bool = False
 
 
 class LockedDropout(nn.Module):

@@ -8,9 +8,11 @@ works with any objective or combiner.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +28,20 @@ if TYPE_CHECKING:
     from targetlm.config import ModelConfig
 
 
-class Prediction(NamedTuple):
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """``with evaluating(model):`` runs in eval mode (no dropout) and gives the model back in
+    the mode it was in, on an error too (a training run continues with dropout)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+@dataclass(frozen=True)
+class Prediction:
     """What the model predicts for a segment.
 
     main: x̂_t (B, T, d), the main head's predicted target vectors (column t predicts the
@@ -34,12 +49,27 @@ class Prediction(NamedTuple):
     heads: (N−1, B, T, d), head n's raw output MLP^n(h_t) at column t (n = 1..N−1; the
         prediction of target t+n before any WDR conjugate is added); None without heads or
         when not asked for.
-    state: the encoder state that continues the stream.
+    state: the encoder state that continues the stream (None: nothing to carry).
+    extras: what a task's loss reads besides ``main`` and ``heads`` (the diffusion task's
+        clean embeddings, times and length logits); None for the tasks whose loss reads the
+        targets alone.
+
+    Unpacks and indexes as the tuple ``(main, heads, state)`` (``extras`` is read by name).
     """
 
     main: torch.Tensor
     heads: torch.Tensor | None
     state: Any
+    extras: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.main, self.heads, self.state))
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return (self.main, self.heads, self.state)[index]
+
+    def __len__(self) -> int:
+        return 3
 
     def rows(self, index: slice) -> Prediction:
         """The prediction of some batch rows (the state is left out: it is the stream's)."""
@@ -84,7 +114,14 @@ class LanguageModel(nn.Module):
 
         ``run_heads=False`` skips the heads (plain next-word evaluation, generation).
         """
-        hidden, state = self.encode(tokens, state)
+        return self.forward_embedded(self.embedding(tokens), state, run_heads=run_heads)
+
+    def forward_embedded(
+        self, inputs: torch.Tensor, state: Any = None, *, run_heads: bool = True
+    ) -> Prediction:
+        """:meth:`forward` from input vectors (B, T, d_in) instead of token ids: the encoder,
+        the projection to x̂ and the heads (a diffusion denoiser reads noised embeddings)."""
+        hidden, state = self.encoder(inputs, state)
         predicted = self.projection(hidden)
         heads = None
         if run_heads and self.heads is not None and self.num_heads:

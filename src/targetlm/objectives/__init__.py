@@ -7,16 +7,15 @@ targets (B, T) with ``IGNORE`` for padding, weight (V, d), bias (V,) or None.
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from targetlm import functional
 from targetlm.chunked import LogitTerms
-from targetlm.objectives.base import OBJECTIVES, LossOutput
+from targetlm.objectives.base import OBJECTIVES, LossOutput, Objective
 from targetlm.registry import Fraction, NonNegative
 
 
 @OBJECTIVES.register("cross_entropy")
-class CrossEntropyObjective(nn.Module):
+class CrossEntropyObjective(Objective):
     """Next-word cross entropy, optionally label-smoothed (``label_smoothing`` = ε in [0, 1)),
     plus ``z_loss``·mean (log Z)² (:func:`targetlm.functional.z_loss`; 0: none)."""
 
@@ -59,5 +58,6 @@ __all__ = [
     "CrossEntropyObjective",
     "LossOutput",
     "NgramLoss",
+    "Objective",
     "build_objective",
 ]

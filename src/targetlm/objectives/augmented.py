@@ -5,18 +5,17 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import nn
 
 from targetlm import functional
 from targetlm.chunked import LogitTerms
 from targetlm.data.batching import IGNORE
 from targetlm.modules.interfaces import EmbeddingTable
-from targetlm.objectives.base import OBJECTIVES, LossOutput
+from targetlm.objectives.base import OBJECTIVES, LossOutput, Objective
 from targetlm.registry import Fraction, NonNegative, Positive, Probability
 
 
 @OBJECTIVES.register("augmented")
-class AugmentedLossObjective(nn.Module):
+class AugmentedLossObjective(Objective):
     """``J + α·KL(ỹ ‖ ŷ)`` (AL; eq. 3.3), or the analysis form ``β·τ²·|V|·J_aug + (1−β)·J``.
 
     J is the (optionally label-smoothed) cross entropy; ``J_aug`` the mean KL term of
@@ -71,13 +70,10 @@ class AugmentedLossObjective(nn.Module):
         self.label_smoothing = label_smoothing
         self.z_loss = z_loss
         self.detach_target = detach_target
+        # :meth:`logit_terms` exists only for a constant ỹ (the chunked path's)
+        self.chunkable = detach_target
         # a list so the embedding's parameters stay owned (and counted) by the model only
         self.embedding = [embedding] if target_source == "input" and embedding is not None else None
-
-    @property
-    def chunkable(self) -> bool:
-        """Whether :meth:`logit_terms` exists: the chunked path treats ỹ as a constant."""
-        return self.detach_target
 
     def _table(self, weight: torch.Tensor) -> torch.Tensor:
         """L of ỹ = softmax(L · L[y]ᵀ / τ): the input embedding's table or E_out."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -20,7 +20,7 @@ from targetlm.chunked import (
 from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.objectives.base import OBJECTIVES, LossOutput
+from targetlm.objectives.base import OBJECTIVES, LossOutput, Objective
 from targetlm.registry import ConfigError, Fraction, NonNegative, Positive, check_type
 
 if TYPE_CHECKING:
@@ -75,18 +75,24 @@ class NgramLoss(nn.Module):
         heads_objective: the objective of L_1..L_{N−1} when it differs from the main one
             (e.g. without label smoothing: ``objective.ngram_heads_label_smoothing``);
             None: ``objective``.
+        count_divisors: maps the heads' scored positions in this process's rows [c_0..c_{N−1}]
+            to what each head's summed loss is divided by; None: the counts themselves (one
+            process). Several processes give each the whole batch's counts over the number
+            of processes, C_n / K (:mod:`targetlm.training.distributed`), so the processes'
+            averaged gradients are the whole batch's: L_n = S_n^r / (C_n / K) on rank r.
     """
 
     def __init__(
         self,
-        objective: nn.Module,
+        objective: Objective,
         heads: NgramHeads | None = None,
         alpha: float = 1.0,
         loss_impl: LossImpl = "full",
         chunk_tokens: int = CHUNK_TOKENS,
         chunk_vocab: int = CHUNK_VOCAB,
         main_weight: float = 0.5,
-        heads_objective: nn.Module | None = None,
+        heads_objective: Objective | None = None,
+        count_divisors: Callable[[list[int]], list[float]] | None = None,
     ) -> None:
         super().__init__()
         if not alpha >= 0:
@@ -99,17 +105,22 @@ class NgramLoss(nn.Module):
             raise ValueError(f"the loss tile must be >= 1 x 1, got {chunk_tokens} x {chunk_vocab}")
         heads_objective = objective if heads_objective is None else heads_objective
         for each in {id(objective): objective, id(heads_objective): heads_objective}.values():
-            if loss_impl == "chunked" and not getattr(each, "chunkable", False):
+            if loss_impl == "chunked" and not each.chunkable:
                 raise ValueError(
                     f"loss_impl = 'chunked': {type(each).__name__} cannot run chunked "
                     "(AL needs detach_target = true); use 'full' or 'auto'"
                 )
         self.loss_impl = loss_impl
+        self.count_divisors = count_divisors
         self.chunk = (chunk_tokens, chunk_vocab)
         self.objective = objective
         self.heads_objective = heads_objective
         self.main_weight = main_weight
-        self.heads = [heads]  # a list so the heads stay registered in the model only
+        # the heads' WDR conjugate (from the true words); the heads themselves (and their
+        # parameters) are the model's, so only this function of theirs is kept here
+        self.reconstruct: Callable[..., torch.Tensor] | None = (
+            None if heads is None else heads.reconstruct
+        )
         self.alpha = alpha
         # extra target columns the trainer supplies
         self.lookahead = 0 if heads is None else heads.num_predictions - 1
@@ -123,9 +134,19 @@ class NgramLoss(nn.Module):
     ) -> list[LossOutput]:
         """[L₀, L₁, ..., L_{N−1}] as the wrapped objective's records (mean loss, NLL, count),
         each on its own full logits."""
+        return self.row_losses(self.head_rows(prediction, targets, weight), weight, bias)
+
+    def row_losses(
+        self,
+        rows: list[tuple[torch.Tensor, torch.Tensor]],
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> list[LossOutput]:
+        """The wrapped objectives' records of :meth:`head_rows`' rows (the main head's
+        objective for row 0, the heads' for the others)."""
         return [
             (self.objective if n == 0 else self.heads_objective)(p, t, weight, bias)
-            for n, (p, t) in enumerate(self.head_rows(prediction, targets, weight))
+            for n, (p, t) in enumerate(rows)
         ]
 
     def head_rows(
@@ -140,13 +161,12 @@ class NgramLoss(nn.Module):
         rows = [(predicted, targets[:, :T])]
         if self.lookahead == 0:
             return rows
-        heads = self.heads[0]
-        if prediction.heads is None:
+        if prediction.heads is None or self.reconstruct is None:
             raise ValueError("the N-gram loss needs the heads' outputs: call the model with them")
         real = targets != IGNORE  # (B, T + N − 1)
         # x_s = E_out[y_s] for the WDR conjugate, which is detached anyway
         embeddings = weight.detach()[targets.masked_fill(~real, 0)]  # (B, T + N − 1, d)
-        predictions = heads.reconstruct(prediction.heads, embeddings)  # (N−1, B, T, d)
+        predictions = self.reconstruct(prediction.heads, embeddings)  # (N−1, B, T, d)
         for n, head_prediction in enumerate(predictions, 1):
             # head n at t predicts y_{t+n}; it counts where y_t..y_{t+n} are all real words
             # (padding only ever ends a row, so: the positions that have a target t+n)
@@ -160,9 +180,7 @@ class NgramLoss(nn.Module):
         chunked: always (``chunked``), never (``full``), or by :func:`~targetlm.chunked.auto_chunks`
         (``auto``)."""
         if self.loss_impl == "auto":
-            chunkable = getattr(self.objective, "chunkable", False) and getattr(
-                self.heads_objective, "chunkable", False
-            )
+            chunkable = self.objective.chunkable and self.heads_objective.chunkable
             return chunkable and auto_chunks(rows, vocab_size)
         return self.loss_impl == "chunked"
 
@@ -174,29 +192,42 @@ class NgramLoss(nn.Module):
         bias: torch.Tensor | None,
     ) -> LossOutput:
         check_targets(targets, weight.size(0))
-        rows = prediction.main.shape[:-1].numel() * (self.lookahead + 1)
-        if self.uses_chunked(rows, weight.size(0)):
-            return self.chunked(prediction, targets, weight, bias)
-        records = self.head_losses(prediction, targets, weight, bias)
+        rows = self.head_rows(prediction, targets, weight)
+        chunked = self.uses_chunked(prediction.main.shape[:-1].numel() * len(rows), weight.size(0))
+        counts = divisors = None
+        if chunked or self.count_divisors is not None:
+            counts = [int((t != IGNORE).sum()) for _, t in rows]
+            divisors = None if self.count_divisors is None else self.count_divisors(counts)
+        if chunked:
+            return self.chunked(prediction, rows, counts, divisors, weight, bias)
+        records = self.row_losses(rows, weight, bias)
+        losses = [r.loss for r in records]
+        if divisors is not None:  # each head's mean over this process's rows, re-divided
+            losses = [
+                loss * (count / divisor) if divisor else loss * 0.0
+                for loss, count, divisor in zip(losses, counts, divisors)
+            ]
         if len(records) == 1:
-            return records[0]
-        loss = functional.ngram_loss([r.loss for r in records], self.alpha, self.main_weight)
+            return LossOutput(losses[0], records[0].nll_sum, records[0].count)
+        loss = functional.ngram_loss(losses, self.alpha, self.main_weight)
         return LossOutput(loss, records[0].nll_sum, records[0].count)
 
     def chunked(
         self,
         prediction: Prediction,
-        targets: torch.Tensor,
+        heads: list[tuple[torch.Tensor, torch.Tensor]],
+        counts: list[int],
+        divisors: list[float] | None,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossOutput:
         """The same loss in one :func:`~targetlm.chunked.chunked_logit_loss` call over the
-        stacked rows of every head (per-row weight: the head's weight over its count)."""
-        heads = self.head_rows(prediction, targets, weight)
+        stacked rows of every head (:meth:`head_rows`, with their ``counts``; per-row
+        weight: the head's weight over its count, or over its divisor)."""
         d = prediction.main.size(-1)
         predicted = torch.cat([p.reshape(-1, d) for p, _ in heads])  # (N·B·T, d)
         stacked = torch.cat([t.reshape(-1) for _, t in heads])  # (N·B·T,)
-        counts = [int((t != IGNORE).sum()) for _, t in heads]
+        scale = [max(c, 1) for c in counts] if divisors is None else [v or 1 for v in divisors]
         # functional.ngram_loss's weights: ½ (main_weight) and α/(2N−2), or 1 without heads
         head_weights = (
             [1.0]
@@ -206,8 +237,8 @@ class NgramLoss(nn.Module):
         dtype = torch.promote_types(predicted.dtype, torch.float32)
         row_weights = torch.cat(
             [
-                torch.full((t.numel(),), w / max(c, 1), dtype=dtype, device=t.device)
-                for (_, t), w, c in zip(heads, head_weights, counts)
+                torch.full((t.numel(),), w / c, dtype=dtype, device=t.device)
+                for (_, t), w, c in zip(heads, head_weights, scale)
             ]
         )
         main = heads[0][1].numel()
@@ -282,7 +313,7 @@ def build_objective(
             config.kind, smoothing, "objective", embedding=model.embedding
         )
     if loss_impl == "chunked" and not all(
-        getattr(o, "chunkable", False) for o in (objective, heads_objective or objective)
+        o.chunkable for o in (objective, heads_objective or objective)
     ):
         raise ConfigError(
             f"train.loss_impl = 'chunked': objective {config.kind!r} with these options cannot "

@@ -1,67 +1,155 @@
 """The task interface and the typed batch every task produces.
 
-A task turns a corpus into :class:`Batch` es and runs the model on one, returning its
-:class:`~targetlm.modules.model.Prediction`; the trainer's step and the evaluation loop only
-talk to this interface, so a new task (translation: an encoder reads the source and the
-decoder's x̂ goes through the same output layer; diffusion: a denoiser predicts x̂₀ for every
-position) plugs in beside ``lm`` with its own batches and ``predict``, and output layers,
-heads, objectives and combiners stay as they are: they read ``Prediction`` and the targets.
+A task says everything that depends on what is being learned (in the shape of fairseq's
+``FairseqTask``): how its corpus loads (:meth:`Task.load_data`), how its training batches
+are made (:meth:`Task.training_batches`), how the model reads a batch (:meth:`Task.predict`),
+what loss the step minimises around the run's objective (:meth:`Task.training_objective`),
+how a split is evaluated (:meth:`Task.evaluate`, the figure validation and early stopping
+read) and which final figures a finished run reports (:meth:`Task.final_results`:
+perplexity; BLEU / chrF of its decoder with SacreBLEU's signature). The one
+:class:`~targetlm.training.Trainer` and the commands only talk to this interface, so a new
+task (e.g. masked-LM pretraining, then sentence classification) is one file in ``tasks/``
+registered in :data:`TASKS`; output layers, heads, objectives and combiners stay as they are:
+they read ``Prediction`` and the targets.
+
+A task that reads sentence pairs also decodes (``targetlm translate``, ``targetlm eval``):
+:class:`~targetlm.tasks.translation.SentencePairTask`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from targetlm.data.batching import Batch
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.registry import Registry
+from targetlm.registry import ConfigError, Registry
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch import nn
+
+    from targetlm.config import Config
+    from targetlm.data.vocab import Vocabulary
 
 
-@dataclass(frozen=True)
-class Batch:
-    """One step's data.
+@dataclass
+class TaskData:
+    """A task's corpus as the trainer holds it.
 
-    inputs: (B, T) what the model reads.
-    targets: (B, T + lookahead) the target of each of the T columns, then ``lookahead`` more
-        columns (the N-gram heads' later words); ``IGNORE`` marks padding.
-    positions: (B, T) the index of each column's target in the text (evaluation, per-token
-        output), ``IGNORE`` for padding; None when not asked for.
-    source: (B, S) the source sentences a conditional task reads (translation), padded;
-        None for language modelling. source_mask: (B, S) bool, True at real source tokens.
+    vocab: the vocabulary every split is encoded with. corpus: what the task read (its
+    splits' raw text and tokens, for the final figures). splits: what each role ("train",
+    "valid", "test") is batched from (a token stream, sentence pairs...), the task's own.
+    batches: each role's batches where the task makes them once (evaluation), or empty.
     """
 
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    positions: torch.Tensor | None = None
-    source: torch.Tensor | None = None
-    source_mask: torch.Tensor | None = None
-
-    def to(self, device: torch.device | str) -> Batch:
-        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else tensor.to(device)
-
-        return Batch(
-            self.inputs.to(device),
-            self.targets.to(device),
-            move(self.positions),
-            move(self.source),
-            move(self.source_mask),
-        )
+    vocab: Vocabulary
+    corpus: Any
+    splits: dict[str, Any]
+    batches: dict[str, Any] = field(default_factory=dict)
 
 
 class Task(ABC):
-    """How the model reads a batch; :class:`StreamTask` s also say how a stream becomes batches.
+    """What a task is: its data, its batches, how the model reads one, its loss around the
+    run's objective, its evaluation and final figures (see the module).
 
-    ``conditional``: the task reads a source besides the target stream (translation) and
-    needs an encoder that is conditional (``Encoder.conditional``); a stream task needs one
-    that is not.
+    Declared capabilities:
+        conditional: the task reads a source besides the target stream (translation) and
+            needs an encoder that is conditional (``Encoder.conditional``); a stream task
+            needs one that is not.
+        denoising: the task trains a diffusion denoiser (``Encoder.denoiser``); the other
+            tasks refuse one.
+        finetunable: ``train.init_from`` may extend a trained run's vocabulary with this
+            task's data.
     """
 
     conditional: bool = False
+    denoising: bool = False
+    finetunable: bool = False
+
+    # --- the model and the loss ------------------------------------------------------------
+    def check_model(self, kind: str, encoder_kind: str, model: LanguageModel) -> None:
+        """Refuse a model this task cannot train (``kind``: ``task.kind``; ``encoder_kind``:
+        ``model.encoder.kind``), before any work starts."""
+        encoder = model.encoder
+        where = f"model.encoder.kind = {encoder_kind!r}"
+        if encoder.denoiser != self.denoising:
+            raise ConfigError(
+                f"task.kind = {kind!r} needs model.encoder.kind = 'diffusion_denoiser', not "
+                f"{encoder_kind!r}"
+                if self.denoising
+                else f"{where} is a diffusion denoiser: it trains with task.kind = 'diffusion', "
+                f"not {kind!r}"
+            )
+        if encoder.conditional != self.conditional:
+            raise ConfigError(
+                f"task.kind = {kind!r} reads a source sentence: {where} does not "
+                "(use 'transformer_seq2seq')"
+                if self.conditional
+                else f"{where} reads a source sentence: use task.kind = 'translation', not {kind!r}"
+            )
+
+    def training_objective(self, objective: nn.Module, model: LanguageModel) -> nn.Module:
+        """The loss the step minimises, around the run's built objective (an
+        :class:`~targetlm.objectives.NgramLoss`); the objective itself by default."""
+        return objective
+
+    # --- the data ---------------------------------------------------------------------------
+    @abstractmethod
+    def load_data(
+        self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]
+    ) -> TaskData:
+        """Read ``config.data``'s splits. ``base_vocabulary``: a finetuned run's (its words
+        keep their ids; only a :attr:`finetunable` task is given one)."""
+
+    def prepare(
+        self, data: TaskData, config: Config, model: LanguageModel, log: Callable[[str], None]
+    ) -> None:
+        """Fit the data to the built model before training (e.g. leave out training pairs
+        longer than its context); runs before the run directory is written. Nothing by
+        default."""
+        return None
+
+    @abstractmethod
+    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> Sequence[Batch]:
+        """The batches of an epoch, in a fixed order the trainer shuffles (``data.shuffle``).
+        ``lookahead``: the extra target columns the objective reads (N-gram heads)."""
+
+    # --- evaluation -------------------------------------------------------------------------
+    @abstractmethod
+    def evaluate(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """The figures of ``split`` ("valid" or "test") that validation reads: at least
+        ``nll`` (the schedule's) and ``ppl`` (the best model's and early stopping's)."""
+
+    @abstractmethod
+    def final_results(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        """``split``'s figures in a finished run's results.json (with at least ``ppl``)."""
+
+    def vocabulary(self, config: Config) -> Vocabulary:
+        """The vocabulary a model of ``config`` is built with (``targetlm describe``)."""
+        return self.load_data(config, None, lambda message: None).vocab
 
     @abstractmethod
     def predict(
@@ -71,7 +159,8 @@ class Task(ABC):
 
 
 class StreamTask(Task):
-    """A task over one token stream per split (language modelling)."""
+    """A task over one token stream per split (language modelling); the language-model
+    commands (``generate``, ``score``, ``eval`` on a file) read its runs."""
 
     @abstractmethod
     def batches(
@@ -95,3 +184,8 @@ class StreamTask(Task):
 
 
 TASKS: Registry[Task] = Registry("task")
+
+
+def build_task(config: Config) -> Task:
+    """The task of ``config`` (``[task]``), built from the registry."""
+    return TASKS.build(config.task.kind, config.task.options, "task")

@@ -11,74 +11,35 @@ included, IGNORE at padding) and the source. One training prediction::
     x̂₀_prev = f(x_t, t, 0) without gradient, with probability p (self-conditioning), else 0
     x̂₀ = f(x_t, t, x̂₀_prev);  heads_n(x̂₀) raw (the LanguageModel's heads read the model's output)
 
-:class:`DiffusionLoss` turns it into ``MSE + anchor CE + length CE`` (with heads the MSE terms
+:class:`~targetlm.objectives.diffusion.DiffusionLoss` turns it into ``MSE + anchor CE + length CE`` (with heads the MSE terms
 are ½·L₀ + α/(2N−2)·Σ L_n, Heo et al. 2025 eqs. 11–12, head n's x̂₀[s+n] = MLPⁿ(x̂₀[s]) +
 Δʳ_n x₀[s] with the detached conjugate of the clean embeddings, any registered head kind).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm import functional
 from targetlm.data.batching import IGNORE
-from targetlm.modules.diffusion import (
-    DenoiserState,
-    DiffusionDenoiser,
-    build_schedule,
-    clip_noise_scale,
-)
+from targetlm.modules.diffusion import SAMPLERS, build_schedule, clip_noise_scale, denoiser_of
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.objectives.base import LossOutput
+from targetlm.objectives.diffusion import DiffusionInputs, diffusion_loss
 from targetlm.registry import ConfigError, Count, NonNegative, Positive, Probability, Seed, Size
-from targetlm.tasks.base import TASKS, Batch, Task
+from targetlm.tasks.base import TASKS, Batch, TaskData
+from targetlm.tasks.translation import SentencePairTask
 
-SAMPLERS = ("renoise", "posterior")
-
-
-@dataclass(frozen=True)
-class DiffusionState:
-    """What the loss needs besides x̂₀ (the ``state`` of a diffusion :class:`Prediction`).
-
-    clean: x₀ (B, T, d); mask (B, T) True at real target positions; time (B,);
-    length_logits (B, 2m + 1) and length_classes (B,) (target − source length + m).
-    """
-
-    clean: torch.Tensor
-    mask: torch.Tensor
-    time: torch.Tensor
-    length_logits: torch.Tensor
-    length_classes: torch.Tensor
-
-
-def denoiser_of(model: LanguageModel) -> DiffusionDenoiser:
-    if not isinstance(model.encoder, DiffusionDenoiser):
-        raise ConfigError(
-            "task.kind = 'diffusion' needs a denoiser: model.encoder.kind = 'diffusion_denoiser', "
-            f"got a {type(model.encoder).__name__}"
-        )
-    return model.encoder
-
-
-def denoise(
-    model: LanguageModel, noised: torch.Tensor, state: DenoiserState, *, run_heads: bool = True
-) -> Prediction:
-    """One denoiser call: x_t (B, T, d) at ``state.time`` -> Prediction(x̂₀ (B, T, d), the heads'
-    raw outputs from x̂₀ (N−1, B, T, d) or None, state). The LM's ``forward`` without the token
-    lookup: the model's projection gives x̂₀ and its heads read it."""
-    hidden, state = model.encoder(noised, state)
-    predicted = model.projection(hidden)
-    heads = model.heads(predicted) if run_heads and model.num_heads else None
-    return Prediction(predicted, heads, state)
+if TYPE_CHECKING:
+    from targetlm.config import Config
+    from targetlm.data.vocab import Vocabulary
 
 
 @TASKS.register("diffusion")
-class DiffusionTask(Task):
+class DiffusionTask(SentencePairTask):
     """Embedding-space diffusion (Difformer / DINOISER) on sentence pairs.
 
     Args:
@@ -106,6 +67,7 @@ class DiffusionTask(Task):
     """
 
     conditional = True
+    denoising = True
 
     def __init__(
         self,
@@ -207,10 +169,14 @@ class DiffusionTask(Task):
         *,
         run_heads: bool = True,
         generator: torch.Generator | None = None,
+        coin_generator: torch.Generator | None = None,
     ) -> Prediction:
         """Noise the batch's clean targets at a random t and denoise them once (self-conditioned
-        with probability ``self_condition_prob``): Prediction(x̂₀, heads, :class:`DiffusionState`).
-        ``generator``: the randomness (t, ε, the self-conditioning coin); None: torch's RNG."""
+        with probability ``self_condition_prob``): Prediction(x̂₀, heads, None,
+        :class:`~targetlm.objectives.diffusion.DiffusionInputs`).
+        ``generator``: the randomness (t, ε, and on the CPU the self-conditioning coin); None:
+        torch's RNG. ``coin_generator``: a CPU generator for the coin when ``generator`` is a
+        GPU's (seeded evaluation on a GPU)."""
         denoiser = denoiser_of(model)
         if batch.source is None or batch.source_mask is None:
             raise ValueError("a diffusion batch needs its source and source_mask")
@@ -229,120 +195,161 @@ class DiffusionTask(Task):
         noised = self.schedule.noise(clean, time, noise)
         memory = denoiser.start(model.embedding(batch.source), batch.source_mask)
         previous = None
-        coin = torch.rand((), device=device, generator=generator)
+        # the self-conditioning coin decides on the host which passes run: drawn on the CPU
+        # (from ``coin_generator``, else ``generator`` when it is the CPU's, else torch's CPU
+        # RNG), so a step on a GPU does not wait for the device to read it
+        if coin_generator is None and (generator is None or generator.device.type == "cpu"):
+            coin_generator = generator
+        coin = torch.rand((), generator=coin_generator)
         if denoiser.self_condition and float(coin) < self.self_condition_prob:
             with torch.no_grad():
-                first = denoise(model, noised, memory.at(time, mask), run_heads=False)
+                first = model.forward_embedded(noised, memory.at(time, mask), run_heads=False)
             previous = first.main.detach()
-        prediction = denoise(model, noised, memory.at(time, mask, previous), run_heads=run_heads)
+        prediction = model.forward_embedded(
+            noised, memory.at(time, mask, previous), run_heads=run_heads
+        )
         m = denoiser.max_length_difference
         difference = mask.sum(1) - batch.source_mask.sum(1)
-        extras = DiffusionState(
+        extras = DiffusionInputs(
             clean, mask, time, denoiser.length_logits(memory), difference.clamp(-m, m) + m
         )
-        return Prediction(prediction.main, prediction.heads, extras)
+        return Prediction(prediction.main, prediction.heads, None, extras)
 
+    # --- the loss, evaluation and decoding ----------------------------------------------------
+    def check_model(self, kind: str, encoder_kind: str, model: LanguageModel) -> None:
+        """A denoiser whose length classes cover the default length beam."""
+        super().check_model(kind, encoder_kind, model)
+        beam, classes = self.decode["length_beam"], model.encoder.num_length_classes
+        if beam > classes:
+            raise ConfigError(
+                f"task.length_beam = {beam} exceeds the denoiser's {classes} length classes "
+                "(2·model.encoder.max_length_difference + 1)"
+            )
 
-def masked_mse(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean squared error over the positions ``mask`` (B, T) and the d dimensions (0 for none)."""
-    weights = mask.to(predicted.dtype)[..., None]
-    count = weights.sum() * predicted.size(-1)
-    return ((predicted - target) ** 2 * weights).sum() / count.clamp(min=1)
-
-
-class DiffusionLoss(nn.Module):
-    """``w·MSE + anchor·CE(x̂₀) + length_weight·CE(length)`` of a diffusion :class:`Prediction`.
-
-    MSE: L₀ = ‖x̂₀ − x₀‖² (mean over real positions and dimensions); with N-gram heads
-    ``½·L₀ + α/(2N−2)·Σ_n L_n`` (:func:`targetlm.functional.ngram_loss`), L_n the MSE between
-    head n's reconstruction at s, ``heads.reconstruct`` (WDR: MLPⁿ(x̂₀[s]) + Δʳ_n x₀[s], the
-    detached conjugate of x₀[s..s+n−1]), and x₀[s+n], over the s where s + n is a real position.
-    The anchor CE is the run's objective (cross entropy, label smoothing...) on the logit
-    layer's logits of x̂₀ read in x₀'s scale, (x̂₀ / s)·E_outᵀ + b; its NLL is the perplexity
-    the trainer logs.
-
-    Args:
-        objective: the built per-position objective (``[objective]``); heads: the model's
-            heads (not owned); alpha: α (``objective.ngram_alpha``); task: the diffusion task.
-    """
-
-    lookahead = 0  # pair batches carry the whole target
-
-    def __init__(
-        self,
-        objective: nn.Module,
-        heads: nn.Module | None,
-        alpha: float,
-        task,
-        main_weight: float = 0.5,
-    ) -> None:
-        super().__init__()
-        self.objective, self.heads, self.alpha, self.task = objective, [heads], alpha, task
-        self.main_weight = main_weight
-
-    def terms(
-        self,
-        prediction: Prediction,
-        targets: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-    ) -> dict[str, Any]:
-        """Every term: ``mse`` (L₀), ``head_mse`` ([L_1..L_{N−1}]), ``anchor`` (LossOutput),
-        ``length`` (mean CE), ``length_accuracy``, ``loss`` (the total)."""
-        extras: DiffusionState = prediction.state
-        clean, mask = extras.clean, extras.mask
-        mse = masked_mse(prediction.main, clean, mask)
-        head_mse = []
-        heads = self.heads[0]
-        if heads is not None and prediction.heads is not None:
-            T = clean.size(1)
-            rebuilt = heads.reconstruct(prediction.heads, clean.detach())  # (N−1, B, T, d)
-            for n, estimate in enumerate(rebuilt, 1):
-                shifted = F.pad(clean[:, n:], (0, 0, 0, n))  # x₀[s + n] at column s
-                scored = F.pad(mask[:, n:], (0, n), value=False)[:, :T]
-                head_mse.append(masked_mse(estimate, shifted, scored))
-        diffusion = (
-            functional.ngram_loss([mse, *head_mse], self.alpha, self.main_weight)
-            if head_mse
-            else mse
-        )
-        scale = self.task.embedding_scale
-        anchor = self.objective(prediction.main / scale, targets, weight, bias)
-        length = F.cross_entropy(extras.length_logits.float(), extras.length_classes)
-        correct = (extras.length_logits.argmax(-1) == extras.length_classes).float().mean()
-        loss = (
-            self.task.diffusion_weight * diffusion
-            + self.task.anchor_weight * anchor.loss
-            + self.task.length_loss_weight * length
-        )
+    def loss_weights(self) -> dict[str, float]:
+        """The task's options that weigh :class:`~targetlm.objectives.diffusion.DiffusionLoss`."""
         return {
-            "loss": loss,
-            "diffusion": diffusion,
-            "mse": mse,
-            "head_mse": head_mse,
-            "anchor": anchor,
-            "length": length,
-            "length_accuracy": correct,
+            "embedding_scale": self.embedding_scale,
+            "diffusion_weight": self.diffusion_weight,
+            "anchor_weight": self.anchor_weight,
+            "length_weight": self.length_loss_weight,
         }
 
-    def forward(
+    def training_objective(self, objective: nn.Module, model: LanguageModel) -> nn.Module:
+        """:class:`~targetlm.objectives.diffusion.DiffusionLoss` around the run's objective."""
+        denoiser_of(model)  # a clear error for any other encoder
+        return diffusion_loss(objective, model.heads, **self.loss_weights())
+
+    def evaluate(
         self,
-        prediction: Prediction,
-        targets: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-    ) -> LossOutput:
-        terms = self.terms(prediction, targets, weight, bias)
-        anchor = terms["anchor"]
-        return LossOutput(terms["loss"], anchor.nll_sum, anchor.count)
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """The losses at seeded times and noise; ``ppl``: the anchor perplexity (how well x̂₀
+        rounds to the target through the logit layer), which picks the best model."""
+        from targetlm.inference.diffusion import evaluate_diffusion
 
+        return evaluate_diffusion(model, data.batches[split], self, objective, device)
 
-def diffusion_loss(ngram: nn.Module, task: DiffusionTask) -> DiffusionLoss:
-    """The diffusion loss around the run's built objective (an ``NgramLoss``: its wrapped
-    objective, heads, α and L₀'s weight)."""
-    if ngram.heads_objective is not ngram.objective:
-        raise ConfigError(
-            "objective.ngram_heads_label_smoothing: the diffusion heads' losses are MSEs, "
-            "with no targets to smooth"
+    def final_results(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        """The validation losses with BLEU and chrF of diffusion decoding (the ``[task]``
+        decode settings)."""
+        result = self.evaluate(model, data, split, objective, config, device)
+        options = self.decoding_options(0.0, {}, {})
+        scores, speed = self.score_split(
+            model, data.vocab, data.splits[split], options, config, device
         )
-    return DiffusionLoss(ngram.objective, ngram.heads[0], ngram.alpha, task, ngram.main_weight)
+        log(
+            f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} "
+            f"({options.summary()['decoding']}, {speed:.1f} sentences/s) "
+            f"{scores['bleu_signature']}"
+        )
+        return {**result, **scores, **options.summary(), "sentences_per_s": speed}
+
+    def decoding_options(
+        self, ensemble_lambda: float, beam: dict[str, Any], diffusion: dict[str, Any]
+    ) -> Any:
+        from targetlm.inference.diffusion import decode_options
+
+        given = [f"--{key.replace('_', '-')}" for key, value in beam.items() if value is not None]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)}: beam search's options; a diffusion run decodes with "
+                "--steps, --length-beam and --samples"
+            )
+        overrides = {key: value for key, value in diffusion.items() if key != "oracle_length"}
+        return decode_options(self, ensemble_lambda, **overrides)
+
+    def translate_texts(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        sources: Sequence[torch.Tensor],
+        options: Any,
+        *,
+        batch_size: int,
+        device: str | torch.device,
+        target_lengths: Sequence[int] | None = None,
+    ) -> tuple[list[str], float]:
+        from targetlm.inference.diffusion import translate_texts
+
+        return translate_texts(
+            model,
+            vocab,
+            sources,
+            options,
+            task=self,
+            batch_size=batch_size,
+            device=device,
+            target_lengths=target_lengths,
+        )
+
+    def decoding_summary(self, options: Any) -> dict[str, Any]:
+        return {"beam": options.beam, **options.summary()}
+
+    def evaluate_run(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        config: Config,
+        split: str,
+        ensemble_lambda: float,
+    ) -> dict[str, Any]:
+        """The validation losses of ``split`` (decoding and BLEU are ``targetlm translate``'s)."""
+        from targetlm.inference.diffusion import evaluate_diffusion
+        from targetlm.objectives import build_objective
+
+        if ensemble_lambda:
+            raise ConfigError(
+                "a diffusion run is evaluated on its splits (its losses): use `targetlm "
+                "translate RUN --input SRC [--ensemble-lambda L]` to decode a file"
+            )
+        loss = self.training_objective(build_objective(config.objective, model), model)
+        part = self.split_data(config, vocab, split)
+        batches = self.pairs(part, config, vocab.eos_id)
+        return {
+            "split": getattr(config.data, split),
+            **evaluate_diffusion(model, batches, self, loss, config.train.device),
+        }
+
+    def describe(self, split: str, result: dict[str, Any]) -> str:
+        r = result
+        heads = "".join(f", L_{n} {v:.4f}" for n, v in enumerate(r["head_mse"], 1))
+        return (
+            f"{split} ({r['split']}): loss {r['loss']:.4f} (MSE L_0 {r['mse']:.4f}{heads}; "
+            f"anchor NLL {r['nll']:.3f}, ppl {r['ppl']:.2f} over {r['tokens']:,} target tokens; "
+            f"length loss {r['length_loss']:.3f}, accuracy {r['length_accuracy']:.1%})"
+        )

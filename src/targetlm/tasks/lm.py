@@ -3,61 +3,105 @@ Transformers, every token scored once in evaluation; ``targetlm.data.batching``)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, overload
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
-from targetlm.data.batching import StreamBatches
+from targetlm.data.batching import StreamBatchSequence, stream_batches
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.tasks.base import TASKS, Batch, StreamTask
+from targetlm.tasks.base import TASKS, Batch, StreamTask, TaskData
 
+__all__ = ["LanguageModelingTask", "StreamBatchSequence"]
 
-class StreamBatchSequence(Sequence[Batch]):
-    """The segments of a :class:`~targetlm.data.batching.StreamBatches` stream as :class:`Batch` es.
-
-    Args:
-        targets: the stream of ``ids`` (its inputs are read unless ``inputs`` is given).
-        inputs: the same layout over the ids the model reads, or None.
-        positions: the same layout over text positions (its targets are the indices), or None.
-    """
-
-    def __init__(
-        self,
-        targets: StreamBatches,
-        inputs: StreamBatches | None = None,
-        positions: StreamBatches | None = None,
-    ) -> None:
-        self.stream = targets
-        self.inputs = inputs
-        self.positions = positions
-
-    @property
-    def num_targets(self) -> int:
-        return self.stream.num_targets
-
-    def __len__(self) -> int:
-        return len(self.stream)
-
-    @overload
-    def __getitem__(self, index: int) -> Batch: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Batch]: ...
-    def __getitem__(self, index: int | slice) -> Batch | Sequence[Batch]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        inputs, targets = self.stream[index]
-        if self.inputs is not None:
-            inputs = self.inputs[index][0]
-        positions = None
-        if self.positions is not None:
-            positions = self.positions[index][1][:, : inputs.size(1)]
-        return Batch(inputs, targets, positions)
+if TYPE_CHECKING:
+    from targetlm.config import Config
+    from targetlm.data.vocab import Vocabulary
 
 
 @TASKS.register("lm")
 class LanguageModelingTask(StreamTask):
-    """Language modelling on one stream: column t reads token t and predicts token t + 1."""
+    """Language modelling on one stream: column t reads token t and predicts token t + 1.
+
+    Data: the corpus's splits (``targetlm.data.load_corpus``), each one stream with the
+    context token first; evaluation: every token scored once (perplexity); final figures:
+    perplexity, OOV rate and the unigram perplexity of each split.
+    """
+
+    finetunable = True
+
+    def load_data(
+        self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]
+    ) -> TaskData:
+        from targetlm.data import load_corpus, with_context_token
+        from targetlm.data.datasets import check_training_tokens
+
+        c = config.data
+        corpus = load_corpus(c)
+        check_training_tokens(c, corpus)
+        vocab = corpus.vocab
+        if base_vocabulary is not None:  # finetuning: the source run's words keep their ids
+            vocab = base_vocabulary.extend(corpus.splits[c.train])
+        ids = {
+            split: with_context_token(vocab.encode(tokens), vocab.eos_id)
+            for split, tokens in corpus.splits.items()
+        }
+        splits = {role: ids[getattr(c, role)] for role in ("train", "valid", "test")}
+        return TaskData(vocab, corpus, splits)
+
+    def vocabulary(self, config: Config) -> Vocabulary:
+        from targetlm.data import load_corpus
+
+        return load_corpus(config.data, (config.data.train,)).vocab  # the tokenizer's, if any
+
+    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> Sequence[Batch]:
+        # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
+        c = config.data
+        return self.batches(
+            data.splits["train"], c.batch_size, c.bptt, train=True, lookahead=lookahead
+        )
+
+    def evaluate(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """``{"ppl", "nll", "tokens"}`` of the model on ``split``'s stream."""
+        from targetlm.inference.evaluate import evaluate_stream
+
+        return evaluate_stream(
+            model,
+            data.splits[split],
+            config.eval.batch_size,
+            config.eval.segment or config.data.bptt,
+            device,
+            task=self,
+            loss_impl=config.train.loss_impl,
+        )
+
+    def final_results(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        result = self.evaluate(model, data, split, objective, config, device)
+        tokens = data.corpus.splits[getattr(config.data, split)]
+        return {
+            "ppl": result["ppl"],
+            "tokens": result["tokens"],
+            "oov_rate": data.vocab.oov_rate(tokens),
+            "unigram_ppl": data.vocab.unigram_perplexity(tokens),
+        }
 
     def batches(
         self,
@@ -70,13 +114,14 @@ class LanguageModelingTask(StreamTask):
         input_ids: torch.Tensor | None = None,
         positions: bool = False,
     ) -> StreamBatchSequence:
-        def stream(values: torch.Tensor, extra: int = 0) -> StreamBatches:
-            return StreamBatches(values, batch_size, segment, pad=not train, lookahead=extra)
-
-        return StreamBatchSequence(
-            stream(ids, lookahead),
-            None if input_ids is None else stream(input_ids),
-            stream(torch.arange(len(ids))) if positions else None,
+        return stream_batches(
+            ids,
+            batch_size,
+            segment,
+            train=train,
+            lookahead=lookahead,
+            input_ids=input_ids,
+            positions=positions,
         )
 
     def predict(

@@ -15,19 +15,21 @@ order the trainer shuffles (``data.shuffle``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
-from targetlm.data.batching import IGNORE
+from targetlm.data.batching import IGNORE, pad
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.tasks.base import TASKS, Batch, Task
+from targetlm.registry import ConfigError
+from targetlm.tasks.base import TASKS, Batch, Task, TaskData
 
-
-def pad(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
-    """Right-padded (len(rows), max length) tensor."""
-    return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=value)
+if TYPE_CHECKING:
+    from targetlm.config import Config
+    from targetlm.data.parallel import ParallelSplit
+    from targetlm.data.vocab import Vocabulary
 
 
 def make_batch(source: Sequence[torch.Tensor], target: Sequence[torch.Tensor], eos: int) -> Batch:
@@ -70,12 +72,187 @@ def pair_batches(
     return [make_batch([source[i] for i in g], [target[i] for i in g], eos) for g in groups]
 
 
-@TASKS.register("translation")
-class TranslationTask(Task):
-    """Sentence pairs (``targetlm.data.parallel``); the model's encoder must be an
-    encoder–decoder (``model.encoder.kind = "transformer_seq2seq"``)."""
+class SentencePairTask(Task):
+    """A task on sentence pairs (``targetlm.data.parallel``): the data, batches and checks
+    that translation and diffusion share, and the decoder interface ``targetlm translate``
+    and ``targetlm eval`` use.
+
+    Data: the parallel splits with their joint vocabulary, batched by length under
+    ``data.max_tokens`` (:func:`pair_batches`). A subclass says how a split is evaluated
+    (:meth:`evaluate`), how it decodes (:meth:`decoding_options`, :meth:`translate_texts`)
+    and what its final figures add to BLEU and chrF (:meth:`final_results`).
+    """
 
     conditional = True
+
+    # --- the data ------------------------------------------------------------------------------
+    def load_data(
+        self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]
+    ) -> TaskData:
+        from targetlm.data.parallel import load_parallel
+
+        if config.train.init_from:
+            raise ConfigError("train.init_from: finetuning is for language models, not translation")
+        c = config.data
+        corpus = load_parallel(c)
+        train = corpus.splits[c.train]
+        if train.skipped:
+            log(f"skipped {train.skipped} training pairs with an empty side")
+        splits = {role: corpus.splits[getattr(c, role)] for role in ("train", "valid", "test")}
+        batches = {  # the evaluation batches, made once
+            role: self.pairs(splits[role], config, corpus.vocab.eos_id)
+            for role in ("valid", "test")
+        }
+        return TaskData(corpus.vocab, corpus, splits, batches)
+
+    def vocabulary(self, config: Config) -> Vocabulary:
+        from targetlm.data.parallel import load_parallel
+
+        return load_parallel(config.data, ()).vocab  # the joint subword vocabulary
+
+    @staticmethod
+    def pairs(split: ParallelSplit, config: Config, eos: int) -> list[Batch]:
+        return pair_batches(
+            split.source,
+            split.target,
+            eos,
+            max_tokens=config.data.max_tokens,
+            batch_size=config.data.batch_size,
+        )
+
+    def prepare(
+        self, data: TaskData, config: Config, model: LanguageModel, log: Callable[[str], None]
+    ) -> None:
+        """Pairs the model cannot read (a side, ``<eos>`` included, longer than the encoder's
+        ``max_context``): training pairs are left out and counted, as empty ones are; a valid
+        or test pair is an error naming it (scores over part of a split would mislead)."""
+        from targetlm.data.datasets import parse_split
+        from targetlm.data.parallel import split_file
+        from targetlm.data.vocab import DataError
+
+        c = config.data
+        context = model.encoder.max_context
+        train = data.splits["train"]
+        keep = [
+            i
+            for i, (s, t) in enumerate(zip(train.source, train.target))
+            if max(len(s), len(t)) <= context
+        ]
+        if len(keep) < len(train.source):
+            if not keep:
+                raise DataError(
+                    f"no training pair of {c.train!r} fits the model's max_context {context}"
+                )
+            log(
+                f"skipped {len(train.source) - len(keep)} training pairs longer than the "
+                f"model's max_context {context}"
+            )
+            for name in ("source", "target", "source_lines", "target_lines"):
+                rows = getattr(train, name)
+                setattr(train, name, [rows[i] for i in keep])
+        for split in dict.fromkeys([c.valid, c.test]):
+            part = data.corpus.splits[split]
+            for number, pair in enumerate(zip(part.source, part.target), 1):
+                for side, lang, ids in zip(
+                    ("source", "target"), (c.source_lang, c.target_lang), pair
+                ):
+                    if len(ids) > context:
+                        path = split_file(c, parse_split(split)[0], lang)
+                        raise DataError(
+                            f"{path}, pair {number} of split {split!r}: its {side} has "
+                            f"{len(ids)} tokens (<eos> included), over the model's max_context "
+                            f"{context}"
+                        )
+
+    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> Sequence[Batch]:
+        return self.pairs(data.splits["train"], config, data.vocab.eos_id)
+
+    # --- decoding --------------------------------------------------------------------------------
+    def decoding_options(
+        self, ensemble_lambda: float, beam: dict[str, Any], diffusion: dict[str, Any]
+    ) -> Any:
+        """The decoder's options: the run's defaults with the command line's (``beam``:
+        beam search's, ``diffusion``: diffusion decoding's; None: not given); the options of
+        the other decoder are refused."""
+        raise NotImplementedError
+
+    def translate_texts(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        sources: Sequence[torch.Tensor],
+        options: Any,
+        *,
+        batch_size: int,
+        device: str | torch.device,
+        target_lengths: Sequence[int] | None = None,
+    ) -> tuple[list[str], float]:
+        """The detokenized outputs of ``sources`` (ids) and the decoding time in seconds."""
+        raise NotImplementedError
+
+    def decoding_summary(self, options: Any) -> dict[str, Any]:
+        """The decoder's settings, for summaries and results."""
+        return {"beam": options.beam}
+
+    def score_split(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        part: ParallelSplit,
+        options: Any,
+        config: Config,
+        device: str | torch.device,
+    ) -> tuple[dict[str, Any], float]:
+        """BLEU and chrF of decoding ``part``'s sources against its references, and the
+        sentences decoded per second."""
+        from targetlm.inference.translate import score_translations
+
+        hypotheses, seconds = self.translate_texts(
+            model,
+            vocab,
+            part.source,
+            options,
+            batch_size=config.eval.batch_size,
+            device=device,
+        )
+        speed = len(hypotheses) / max(seconds, 1e-9)
+        return score_translations(hypotheses, part.target_lines), speed
+
+    # --- a finished run: targetlm eval --------------------------------------------------------
+    def split_data(self, config: Config, vocab: Vocabulary, split: str) -> ParallelSplit:
+        """``split`` ("valid", "test", "train") of a finished run, encoded with its vocabulary."""
+        from targetlm.data.parallel import ParallelSplit, encode_lines, read_parallel
+
+        part = read_parallel(config.data, getattr(config.data, split), train=False)
+        return ParallelSplit(
+            part.source_lines,
+            part.target_lines,
+            encode_lines(vocab.tokenizer, vocab, part.source_lines),
+            encode_lines(vocab.tokenizer, vocab, part.target_lines),
+        )
+
+    def evaluate_run(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        config: Config,
+        split: str,
+        ensemble_lambda: float,
+    ) -> dict[str, Any]:
+        """``targetlm eval``'s figures of a finished run on ``split``."""
+        raise NotImplementedError
+
+    def describe(self, split: str, result: dict[str, Any]) -> str:
+        """One printed line of :meth:`evaluate_run`'s ``result``."""
+        raise NotImplementedError
+
+
+@TASKS.register("translation")
+class TranslationTask(SentencePairTask):
+    """Sentence pairs (``targetlm.data.parallel``); the model's encoder must be an
+    encoder–decoder (``model.encoder.kind = "transformer_seq2seq"``). Validation: the
+    teacher-forced perplexity of the target side; final figures: it, with BLEU and chrF of
+    beam search (``eval.beam``) on valid and test."""
 
     def predict(
         self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True
@@ -87,3 +264,109 @@ class TranslationTask(Task):
         start = model.encoder.start(model.embedding(batch.source), batch.source_mask)
         prediction = model(batch.inputs, start, run_heads=run_heads)
         return Prediction(prediction.main, prediction.heads, None)
+
+    def evaluate(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        from targetlm.inference.translate import evaluate_pairs
+
+        return evaluate_pairs(model, data.batches[split], self, device)
+
+    def final_results(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        result = self.evaluate(model, data, split, objective, config, device)
+        options = self.decoding_options(0.0, {"beam": config.eval.beam}, {})
+        scores, speed = self.score_split(
+            model, data.vocab, data.splits[split], options, config, device
+        )
+        log(
+            f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} (beam {config.eval.beam}, "
+            f"{speed:.1f} sentences/s) {scores['bleu_signature']}"
+        )
+        return {
+            "ppl": result["ppl"],
+            "nll": result["nll"],
+            "tokens": result["tokens"],
+            **scores,
+            "beam": config.eval.beam,
+            "sentences_per_s": speed,
+        }
+
+    def decoding_options(
+        self, ensemble_lambda: float, beam: dict[str, Any], diffusion: dict[str, Any]
+    ) -> Any:
+        from targetlm.inference.translate import DecodeOptions
+
+        if any(value is not None and value is not False for value in diffusion.values()):
+            raise ConfigError(
+                "--steps, --length-beam, --samples, --seed, --sampler and --oracle-length are "
+                "for diffusion runs"
+            )
+        given = {key: value for key, value in beam.items() if value is not None}
+        return DecodeOptions(ensemble_lambda=ensemble_lambda, **given)
+
+    def translate_texts(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        sources: Sequence[torch.Tensor],
+        options: Any,
+        *,
+        batch_size: int,
+        device: str | torch.device,
+        target_lengths: Sequence[int] | None = None,
+    ) -> tuple[list[str], float]:
+        from targetlm.inference.translate import translate_texts
+
+        if target_lengths is not None:
+            raise ConfigError("--oracle-length is for diffusion runs")
+        return translate_texts(model, vocab, sources, options, batch_size=batch_size, device=device)
+
+    def evaluate_run(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        config: Config,
+        split: str,
+        ensemble_lambda: float,
+    ) -> dict[str, Any]:
+        """Teacher-forced loss and perplexity, and BLEU / chrF of beam search (``eval.beam``;
+        ``ensemble_lambda``: inside the search)."""
+        from targetlm.inference.translate import evaluate_pairs
+
+        options = self.decoding_options(ensemble_lambda, {"beam": config.eval.beam}, {})
+        options.check(model)
+        part = self.split_data(config, vocab, split)
+        batches = self.pairs(part, config, vocab.eos_id)
+        loss = evaluate_pairs(model, batches, self, config.train.device)
+        scores, speed = self.score_split(model, vocab, part, options, config, config.train.device)
+        return {
+            "split": getattr(config.data, split),
+            **loss,
+            **scores,
+            "beam": options.beam,
+            "ensemble_lambda": ensemble_lambda,
+            "sentences_per_s": speed,
+        }
+
+    def describe(self, split: str, result: dict[str, Any]) -> str:
+        r = result
+        return (
+            f"{split} ({r['split']}): loss {r['nll']:.3f}, ppl {r['ppl']:.2f} over "
+            f"{r['tokens']:,} target tokens; BLEU {r['bleu']:.2f}, chrF {r['chrf']:.2f} "
+            f"(beam {r['beam']}, λ {r['ensemble_lambda']:g}) {r['bleu_signature']}"
+        )

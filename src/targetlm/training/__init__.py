@@ -1,4 +1,8 @@
-"""Training: the loop, optimisers and schedules, checkpoints with exact resume."""
+"""Training: the loop, optimisers and schedules, checkpoints with exact resume.
+
+One :class:`Trainer` trains every task: the task (``targetlm.tasks``) supplies the data, the
+batches, the loss around the objective, the evaluation and the final figures.
+"""
 
 from pathlib import Path
 from typing import Any
@@ -8,26 +12,15 @@ from targetlm.config import Config
 from targetlm.registry import ConfigError
 from targetlm.training.optim import LrSchedule, build_optimizer
 from targetlm.training.trainer import RunDirError, Trainer, TrainingDiverged
-from targetlm.training.translation import TranslationTrainer
-
-
-def trainer_for(config: Config) -> type[Trainer]:
-    """The trainer of ``config``'s task: the sentence-pair one for ``translation``, its
-    diffusion subclass for ``diffusion``."""
-    if config.task.kind == "diffusion":
-        from targetlm.training.diffusion import DiffusionTrainer
-
-        return DiffusionTrainer
-    return TranslationTrainer if config.task.kind == "translation" else Trainer
 
 
 def train(
     config: Config, run_dir: str | Path, resume: bool = False, **kwargs: Any
 ) -> dict[str, Any]:
-    """Convenience: ``trainer_for(config)(config, run_dir, resume).train()``."""
+    """Convenience: ``Trainer(config, run_dir, resume).train()``."""
     if not isinstance(config, Config):
         raise ConfigError("train() takes a targetlm.config.Config")
-    return trainer_for(config)(config, run_dir, resume, **kwargs).train()
+    return Trainer(config, run_dir, resume, **kwargs).train()
 
 
 __all__ = [
@@ -35,10 +28,8 @@ __all__ = [
     "LrSchedule",
     "RunDirError",
     "Trainer",
-    "TranslationTrainer",
     "TrainingDiverged",
     "build_optimizer",
     "save_atomic",
     "train",
-    "trainer_for",
 ]

@@ -54,16 +54,12 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from targetlm import functional
-from targetlm.chunked import check_targets, chunked_logit_loss
 from targetlm.config import Config
-from targetlm.data.batching import IGNORE
-from targetlm.modules.model import LanguageModel, Prediction
+from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.objectives import LossOutput, NgramLoss
 from targetlm.registry import ConfigError
-from targetlm.tasks import TASKS, Batch, Task
+from targetlm.tasks import Batch, Task, build_task
 from targetlm.training.trainer import Trainer
-from targetlm.training.translation import TranslationTrainer
 
 BUCKET_BYTES = 25 * 2**20  # gradients all-reduced per ~25 MiB flat buffer (DDP's default)
 # rank 0 alone validates and writes checkpoints while the others wait in a collective
@@ -230,12 +226,12 @@ class ShardedObjective(nn.Module):
     """The trainer's objective (:class:`~targetlm.objectives.NgramLoss`) on one rank's rows,
     scaled so that the ranks' averaged gradients are the whole batch's.
 
-    Head n's loss is a mean over its scored positions, L_n = S_n / C_n with C_n = Σ_r c_n^r
-    over the ranks; rank r back-propagates ``ngram_loss([K · c_n^r / C_n · L_n^r])`` (its
-    own mean L_n^r = S_n^r / c_n^r), whose average over the K ranks is
-    ``ngram_loss([S_n / C_n])``, linear in each L_n. The returned ``loss`` has the whole
-    batch's value (its gradient is this rank's share), ``nll_sum`` and ``count`` are the
-    whole batch's too, so the trainer logs and checks what one process would.
+    Head n's loss is its summed loss over the whole batch's scored positions, S_n / C_n with
+    C_n = Σ_r c_n^r; the N-gram loss divides rank r's sum S_n^r by C_n / K (its
+    ``count_divisors``, the counts all-reduced here), so the K ranks' averaged gradients are
+    the whole batch's. The returned ``loss`` has the whole batch's value (its gradient is
+    this rank's share), ``nll_sum`` and ``count`` are the whole batch's too, so the trainer
+    logs and checks what one process would.
     """
 
     def __init__(self, objective: NgramLoss, collectives: Collectives) -> None:
@@ -243,6 +239,13 @@ class ShardedObjective(nn.Module):
         self.objective = objective
         self.collectives = collectives
         self.lookahead = objective.lookahead
+        self.totals: list[float] = []  # the last step's whole-batch counts per head
+        objective.count_divisors = self.divisors
+
+    def divisors(self, counts: list[int]) -> list[float]:
+        """C_n / K for this rank's counts c_n^r (an all-reduce: every rank calls it)."""
+        self.totals = self.collectives.sum(counts)
+        return [total / self.collectives.ranks.world_size for total in self.totals]
 
     def forward(
         self,
@@ -251,56 +254,12 @@ class ShardedObjective(nn.Module):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossOutput:
-        check_targets(targets, weight.size(0))
-        heads = self.objective.head_rows(prediction, targets, weight)  # [(x̂ (B, T, d), (B, T))]
-        local = [int((t != IGNORE).sum()) for _, t in heads]
-        total = self.collectives.sum(local)
-        rows = prediction.main.shape[:-1].numel() * len(heads)
-        chunked = self.objective.uses_chunked(rows, weight.size(0))
-        records = [
-            self._head_loss(p, t, weight, bias, chunked, n > 0) for n, (p, t) in enumerate(heads)
-        ]
+        out = self.objective(prediction, targets, weight, bias)
         world_size = self.collectives.ranks.world_size
-        shares = [world_size * c / n if n else 0.0 for c, n in zip(local, total)]
-        loss = functional.ngram_loss(
-            [share * r.loss for share, r in zip(shares, records)],
-            self.objective.alpha,
-            self.objective.main_weight,
-        )
-        loss_sum, nll_sum = self.collectives.sum([loss.item(), records[0].nll_sum.item()])
-        batch_loss = loss_sum / world_size
+        loss_sum, nll_sum = self.collectives.sum([out.loss.item(), float(out.nll_sum)])
         # the value of the whole batch's loss, the gradient of this rank's share
-        loss = loss + (batch_loss - loss.detach())
-        return LossOutput(loss, torch.tensor(nll_sum, dtype=torch.float64), int(total[0]))
-
-    def _head_loss(
-        self,
-        predicted: torch.Tensor,
-        targets: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        chunked: bool,
-        future: bool,
-    ) -> LossOutput:
-        """One head's mean loss on this rank's rows, computed as the objective computes it
-        (``future``: a head n ≥ 1, whose objective may differ from the main one's)."""
-        objective = self.objective.heads_objective if future else self.objective.objective
-        if not chunked:
-            return objective(predicted, targets, weight, bias)
-        flat_targets = targets.reshape(-1)
-        out = chunked_logit_loss(
-            predicted.reshape(-1, predicted.size(-1)),
-            weight,
-            bias,
-            flat_targets,
-            objective.logit_terms(weight),
-            None,
-            "mean",
-            *self.objective.chunk,
-        )
-        scored = flat_targets != IGNORE
-        nll_sum = (out.log_norm - out.target_logits)[scored].sum().detach()
-        return LossOutput(out.loss, nll_sum, int(scored.sum()))
+        loss = out.loss + (loss_sum / world_size - out.loss.detach())
+        return LossOutput(loss, torch.tensor(nll_sum, dtype=torch.float64), int(self.totals[0]))
 
 
 # --- the carried encoder state: each rank's rows, the whole batch in checkpoints -----------
@@ -326,9 +285,7 @@ def _rebuild(state: Any, leaves: Iterator[torch.Tensor]) -> Any:
 def state_batch_dims(model: LanguageModel, device: torch.device) -> list[int]:
     """The row dimension of each tensor of ``model``'s carried state (in :func:`_leaves`
     order), found by encoding one and two rows in evaluation mode (no random draws)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         shapes = [
             [
                 leaf.shape
@@ -338,8 +295,6 @@ def state_batch_dims(model: LanguageModel, device: torch.device) -> list[int]:
             ]
             for rows in (1, 2)
         ]
-    finally:
-        model.train(was_training)
     dims = []
     for one, two in zip(*shapes):
         differing = [d for d, (a, b) in enumerate(zip(one, two)) if a != b]
@@ -405,9 +360,7 @@ class DistributedTraining:
             )
         # a stream's B rows are shared equally; sentence pairs as evenly as they go
         batch_size, world_size = config.data.batch_size, ranks.world_size
-        if not TASKS.build(config.task.kind, config.task.options, "task").conditional and (
-            batch_size % world_size
-        ):
+        if not build_task(config).conditional and (batch_size % world_size):
             raise ConfigError(
                 f"data.batch_size = {batch_size} rows cannot be shared by {world_size} "
                 f"processes: use a multiple of {world_size}"
@@ -446,7 +399,11 @@ class DistributedTraining:
         self.device = self.collectives.device
         self.collectives.broadcast_module(self.model)  # the same initial weights everywhere
         self.collectives.broadcast_module(self.objective)
-        assert isinstance(self.objective, NgramLoss)
+        if not isinstance(self.objective, NgramLoss):
+            raise ConfigError(
+                f"task.kind = {self.config.task.kind!r}: its loss is not shared by rows across "
+                "processes yet; train it in one process"
+            )
         self.objective = ShardedObjective(self.objective, self.collectives)
 
     def _training_batches(self) -> Any:
@@ -546,21 +503,7 @@ class DistributedTrainer(DistributedTraining, Trainer):
     """:class:`~targetlm.training.trainer.Trainer` as one rank of a ``torchrun`` job."""
 
 
-class DistributedTranslationTrainer(DistributedTraining, TranslationTrainer):
-    """:class:`~targetlm.training.translation.TranslationTrainer` as one rank of a
-    ``torchrun`` job (pairs are shared by rows; the loss is weighted by tokens)."""
-
-
-def trainer_for(config: Config) -> type[Trainer]:
-    """The trainer of ``config`` for this process: the task's own
-    (:func:`targetlm.training.trainer_for`) when it runs alone, its distributed version
-    under ``torchrun`` with several processes."""
-    from targetlm.training import trainer_for as single_process_trainer_for
-
-    trainer = single_process_trainer_for(config)
-    if not launched():
-        return trainer
-    known = {Trainer: DistributedTrainer, TranslationTrainer: DistributedTranslationTrainer}
-    if trainer in known:
-        return known[trainer]
-    return type(f"Distributed{trainer.__name__}", (DistributedTraining, trainer), {})
+def process_trainer() -> type[Trainer]:
+    """The trainer class of this process, for every task: :class:`~targetlm.training.Trainer`
+    when it runs alone, :class:`DistributedTrainer` under ``torchrun`` with several processes."""
+    return DistributedTrainer if launched() else Trainer

@@ -27,15 +27,14 @@ from targetlm import config as config_lib
 from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.checkpoint import load as load_checkpoint
 from targetlm.config import Config
-from targetlm.data import Vocabulary, load_corpus, with_context_token
-from targetlm.data.datasets import check_training_tokens
+from targetlm.data import Vocabulary
 from targetlm.files import DiskFullError, atomic_write, disk_full
-from targetlm.inference.evaluate import evaluate_stream, perplexity
+from targetlm.inference.evaluate import perplexity
 from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import build_objective
 from targetlm.rundir import RunDirError
-from targetlm.tasks import TASKS, Batch, Task
+from targetlm.tasks import Batch, Task, TaskData, build_task
 from targetlm.training import finetune
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
 
@@ -95,6 +94,8 @@ class Trainer:
         self.stop_requested = False
         self.checkpoint_step: int | None = None  # the step last.pt holds (None: none yet)
         self.metrics_records = 0  # records in metrics.jsonl (last.pt keeps their count)
+        # the losses not yet checked for NaN, with their steps (:meth:`_check_finite`)
+        self._unchecked_losses: list[tuple[int, torch.Tensor]] = []
         rundir.check_unlocked(self.run_dir)
         self._check_run_dir()
 
@@ -192,19 +193,23 @@ class Trainer:
         torch.manual_seed(c.train.seed)
         random.seed(c.train.seed)
         self.device = torch.device(c.train.device)
-        self.task: Task = TASKS.build(c.task.kind, c.task.options, "task")
+        self.task: Task = build_task(c)
         source = self._load_data()
         self.model = build_model(c.model, self.vocab.itos).to(self.device)
         if source is not None:
             state, base, where = source
             finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
-        self.objective = build_objective(
+        objective = build_objective(
             c.objective,
             self.model,
             c.train.loss_impl,
             c.train.loss_chunk_tokens,
             c.train.loss_chunk_vocab,
         ).to(self.device)
+        self.lookahead = objective.lookahead
+        # what the step minimises: the objective, or the task's loss around it (diffusion)
+        self.objective = self.task.training_objective(objective, self.model).to(self.device)
+        self.task.prepare(self.data, c, self.model, self.log)
         self.batches = self._training_batches()
         heads = [] if self.model.heads is None else list(self.model.heads.parameters())
         self.optimizer = build_optimizer(
@@ -217,66 +222,43 @@ class Trainer:
         self.best_valid, self.bad_evaluations = math.inf, 0
         self._elapsed_before, self._session_start = 0.0, time.perf_counter()
         self.state: Any = None
-        # the train records' window: summed NLL and targets since the last record
-        self.window_nll, self.window_count = 0.0, 0
+        # the train records' window: summed NLL (float64, on the device) and targets since
+        # the last record
+        self.window_nll = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.window_count = 0
+        self._unchecked_losses = []
 
-    # --- the data: what a task subclass (translation) replaces -------------------------
+    # --- the data, evaluation and final figures: the task's ----------------------------------
     def _load_data(self) -> Any:
-        """Read the corpus: ``self.vocab`` and each split's ids; returns the finetuning
+        """Read the task's corpus (``self.data``, ``self.vocab``); returns the finetuning
         source (state, vocabulary, where) or None."""
         c = self.config
-        self.corpus = load_corpus(c.data)
-        check_training_tokens(c.data, self.corpus)
-        self.vocab: Vocabulary = self.corpus.vocab
-        source = None
-        if c.train.init_from:  # finetuning: the source run's words keep their ids
-            # a resumed finetuning run has its own (already extended) vocabulary; one that
-            # starts again from step 0 takes the source's weights again
+        source, base = None, None
+        if c.train.init_from and self.task.finetunable:
+            # finetuning: the source run's words keep their ids; a resumed finetuning run has
+            # its own (already extended) vocabulary; one that starts again from step 0 takes
+            # the source's weights again
             source = finetune.source_of(c.train.init_from) if self.restart else None
             base = Vocabulary.load(self.run_dir / runs.VOCAB) if source is None else source[1]
-            self.vocab = base.extend(self.corpus.splits[c.data.train])
-        ids = {
-            split: with_context_token(self.vocab.encode(tokens), self.vocab.eos_id)
-            for split, tokens in self.corpus.splits.items()
-        }
-        self.train_ids, self.valid_ids = ids[c.data.train], ids[c.data.valid]
-        self.test_ids = ids[c.data.test]
+        self.data: TaskData = self.task.load_data(c, base, self.log)
+        self.vocab: Vocabulary = self.data.vocab
         return source
 
     def _training_batches(self) -> Any:
-        c = self.config
-        # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
-        return self.task.batches(
-            self.train_ids,
-            c.data.batch_size,
-            c.data.bptt,
-            train=True,
-            lookahead=self.objective.lookahead,
-        )
+        return self.task.training_batches(self.data, self.config, self.lookahead)
 
     def _evaluate(self, split: str) -> dict[str, Any]:
-        """``{"ppl", "nll", "tokens"}`` of the model on ``split`` ("valid" or "test")."""
-        c = self.config
-        return evaluate_stream(
-            self.model,
-            self.valid_ids if split == "valid" else self.test_ids,
-            c.eval.batch_size,
-            c.eval.segment or c.data.bptt,
-            self.device,
-            task=self.task,
-            loss_impl=c.train.loss_impl,
+        """The task's figures of the model on ``split`` ("valid" or "test"): at least
+        ``nll`` and ``ppl``."""
+        return self.task.evaluate(
+            self.model, self.data, split, self.objective, self.config, self.device
         )
 
     def _split_results(self, split: str) -> dict[str, Any]:
-        """The final figures of ``split`` in results.json."""
-        r = self._evaluate(split)
-        tokens = self.corpus.splits[getattr(self.config.data, split)]
-        return {
-            "ppl": r["ppl"],
-            "tokens": r["tokens"],
-            "oov_rate": self.vocab.oov_rate(tokens),
-            "unigram_ppl": self.vocab.unigram_perplexity(tokens),
-        }
+        """The final figures of ``split`` in results.json (the task's)."""
+        return self.task.final_results(
+            self.model, self.data, split, self.objective, self.config, self.device, self.log
+        )
 
     def _start_run_dir(self) -> None:
         if self.resume:
@@ -307,7 +289,8 @@ class Trainer:
         self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
         self.best_valid, self.bad_evaluations = p["best_valid"], p["bad_evaluations"]
         self._elapsed_before, self._session_start = p["elapsed"], time.perf_counter()
-        self.window_nll, self.window_count = p.get("window", (0.0, 0))
+        window_nll, self.window_count = p.get("window", (0.0, 0))
+        self.window_nll = torch.tensor(window_nll, dtype=torch.float64, device=self.device)
         self.checkpoint_step = self.step
         stopping = self.config.train.early_stopping
         if stopping and self.bad_evaluations >= stopping:  # stopped early, then killed
@@ -343,6 +326,7 @@ class Trainer:
         self.metrics_records = len(kept)
 
     def _checkpoint(self) -> None:
+        self._check_finite()
         save_atomic(
             {
                 "model": self.model.state_dict(),
@@ -355,7 +339,7 @@ class Trainer:
                     "best_valid": self.best_valid,
                     "bad_evaluations": self.bad_evaluations,
                     "elapsed": self.elapsed,
-                    "window": (self.window_nll, self.window_count),
+                    "window": (float(self.window_nll), self.window_count),
                     "metrics_records": self.metrics_records,
                 },
                 "state": state_to_list(detach_state(self.state)),
@@ -395,8 +379,9 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.config.train.seed * 100003 + self.epoch)
         return torch.randperm(len(self.batches), generator=generator).tolist()
 
-    def _validate(self) -> bool:
+    def _evaluate_validation_split(self) -> bool:
         """Validate, keep the best model, step the schedule; True when training should stop early."""
+        self._check_finite()
         c = self.config
         result = self._evaluate("valid")
         self.schedule.on_validation(result["nll"])
@@ -415,10 +400,12 @@ class Trainer:
         )
         return bool(c.train.early_stopping) and self.bad_evaluations >= c.train.early_stopping
 
-    def train_step(self, batch: Batch | list[Batch], lr: float) -> tuple[float, int]:
+    def train_step(self, batch: Batch | list[Batch], lr: float) -> tuple[torch.Tensor, int]:
         """One optimiser step on ``batch`` (or the gradients of several, ``train.accumulate``)
         at learning rate ``lr`` (the carried state continues the stream); returns the main
-        head's summed NLL and its number of targets."""
+        head's summed NLL (a float64 tensor on the device: read at the logging interval, so
+        a step waits for no device) and its number of targets. Its loss is checked for NaN at
+        the next record, validation or checkpoint (:meth:`_check_finite`)."""
         c = self.config.train
         if not self.model.training:  # whatever an evaluation left it in: dropout trains
             self.model.train()  # (only on a change: GroC's train() drops its reused E_out)
@@ -426,7 +413,7 @@ class Trainer:
         self._freeze_body(self.step < c.heads_only_steps)
         micro_batches = batch if isinstance(batch, list) else [batch]
         self.optimizer.zero_grad(set_to_none=True)
-        nll_sum, count = 0.0, 0
+        nll_sum, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for batch in micro_batches:
             state = detach_state(self.state) if c.carry_state else None
             batch = batch.to(self.device)
@@ -436,22 +423,36 @@ class Trainer:
                 prediction = self.task.predict(self.model, batch, state)
                 weight, bias = self.model.output()
                 out = self.objective(prediction, batch.targets, weight, bias)
-            loss = out.loss.detach().item()
-            if not math.isfinite(loss):
-                raise TrainingDiverged(
-                    f"loss is {loss} at step {self.step + 1} (epoch {self.epoch}); training "
-                    f"stopped: {self._kept()}"
-                )
+            # checked for NaN at the next record, validation or checkpoint (no host sync here)
+            self._unchecked_losses.append((self.step + 1, out.loss.detach()))
             scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
             if out.loss.requires_grad:  # (nothing trains in a base model's heads-only steps)
                 (out.loss * (scale / len(micro_batches))).backward()
             self.state = prediction.state if c.carry_state else None
-            nll_sum, count = nll_sum + float(out.nll_sum), count + out.count
+            nll_sum, count = nll_sum + out.nll_sum.detach().double(), count + out.count
         self._synchronise_gradients()
         if c.clip > 0:
             clip_gradients(self.model.parameters(), c.clip)
         self.optimizer.step()
         return nll_sum, count
+
+    def _check_finite(self) -> None:
+        """Raise :class:`TrainingDiverged` naming the first step since the last check whose
+        loss was NaN or infinite (one host sync for all of them); called before every record,
+        validation and checkpoint, so a checkpoint never holds a diverged model."""
+        if not self._unchecked_losses:
+            return
+        steps = [step for step, _ in self._unchecked_losses]
+        losses = torch.stack([loss.float() for _, loss in self._unchecked_losses])
+        self._unchecked_losses = []
+        finite = torch.isfinite(losses)
+        if bool(finite.all()):
+            return
+        first = int((~finite).nonzero()[0, 0])
+        raise TrainingDiverged(
+            f"loss is {float(losses[first])} at step {steps[first]} (epoch {self.epoch}); "
+            f"training stopped: {self._kept()}"
+        )
 
     def _synchronise_gradients(self) -> None:
         """Called after backward, before clipping: a distributed run averages the processes'
@@ -541,6 +542,7 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_interrupt) if _main_thread() else None
         try:
             self._loop()
+            self._check_finite()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
@@ -594,8 +596,9 @@ class Trainer:
                 timed_tokens += count
                 bar.update(len(group))
                 if self.step % c.log_every == 0:
+                    self._check_finite()
                     seconds = time.perf_counter() - log_start
-                    loss = self.window_nll / self.window_count
+                    loss = float(self.window_nll) / self.window_count
                     record = {
                         "kind": "train",
                         "step": self.step,
@@ -612,10 +615,10 @@ class Trainer:
                         tok_s=f"{record['tok_s']:.0f}",
                         lr=f"{lr:.3g}",
                     )
-                    self.window_nll, self.window_count = 0.0, 0
+                    self.window_nll, self.window_count = torch.zeros_like(self.window_nll), 0
                     log_start, timed_tokens = time.perf_counter(), 0
                 if c.eval_every and self.step % c.eval_every == 0:
-                    stop = self._validate()
+                    stop = self._evaluate_validation_split()
                     self._checkpoint()
                     if stop:
                         bar.close()
@@ -625,7 +628,7 @@ class Trainer:
                     self._checkpoint()
             bar.close()
             # end of an epoch: validate it, then move the position to the next one
-            stop = False if c.eval_every else self._validate()
+            stop = False if c.eval_every else self._evaluate_validation_split()
             self.epoch, self.batch_index, self.state = self.epoch + 1, 0, None
             if not c.eval_every:
                 self._checkpoint()

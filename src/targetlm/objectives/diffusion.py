@@ -1,0 +1,158 @@
+r"""The loss of embedding-space diffusion (Difformer / DINOISER), with or without N-gram heads.
+
+:class:`DiffusionLoss` reads a diffusion task's :class:`~targetlm.modules.model.Prediction`:
+x̂₀ (``main``), the heads' raw outputs (``heads``) and :class:`DiffusionInputs` (``extras``:
+the clean embeddings x₀, the real positions, the times, the length classifier's logits), and
+returns ``w·MSE + anchor·CE(x̂₀) + length_weight·CE(length)``
+(:mod:`targetlm.tasks.diffusion` describes the task).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from targetlm import functional
+from targetlm.modules.model import Prediction
+from targetlm.objectives.base import LossOutput, Objective
+from targetlm.objectives.ngram import NgramLoss
+from targetlm.registry import ConfigError
+
+
+@dataclass(frozen=True)
+class DiffusionInputs:
+    """What the diffusion loss reads besides x̂₀ (a diffusion :class:`Prediction`'s ``extras``).
+
+    clean: x₀ (B, T, d); mask (B, T) True at real target positions; time (B,);
+    length_logits (B, 2m + 1) and length_classes (B,) (target − source length + m).
+    """
+
+    clean: torch.Tensor
+    mask: torch.Tensor
+    time: torch.Tensor
+    length_logits: torch.Tensor
+    length_classes: torch.Tensor
+
+
+def masked_mse(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean squared error over the positions ``mask`` (B, T) and the d dimensions (0 for none)."""
+    weights = mask.to(predicted.dtype)[..., None]
+    count = weights.sum() * predicted.size(-1)
+    return ((predicted - target) ** 2 * weights).sum() / count.clamp(min=1)
+
+
+class DiffusionLoss(nn.Module):
+    """``w·MSE + anchor·CE(x̂₀) + length_weight·CE(length)`` of a diffusion :class:`Prediction`.
+
+    MSE: L₀ = ‖x̂₀ − x₀‖² (mean over real positions and dimensions); with N-gram heads
+    ``½·L₀ + α/(2N−2)·Σ_n L_n`` (:func:`targetlm.functional.ngram_loss`), L_n the MSE between
+    head n's reconstruction at s, ``heads.reconstruct`` (WDR: MLPⁿ(x̂₀[s]) + Δʳ_n x₀[s], the
+    detached conjugate of x₀[s..s+n−1]), and x₀[s+n], over the s where s + n is a real position.
+    The anchor CE is the run's objective (cross entropy, label smoothing...) on the logit
+    layer's logits of x̂₀ read in x₀'s scale, (x̂₀ / s)·E_outᵀ + b; its NLL is the perplexity
+    the trainer logs.
+
+    Args:
+        objective: the built per-position objective (``[objective]``).
+        heads: the model's heads, whose ``reconstruct`` is kept (their parameters stay the
+            model's); None: no heads.
+        alpha: α (``objective.ngram_alpha``); main_weight: the weight of L₀ among the MSEs.
+        embedding_scale: s of x₀ = s·norm(E_out)[y]; diffusion_weight, anchor_weight,
+            length_weight: the weights of the three terms (the diffusion task's options).
+    """
+
+    lookahead = 0  # pair batches carry the whole target
+
+    def __init__(
+        self,
+        objective: Objective,
+        heads: nn.Module | None,
+        alpha: float,
+        *,
+        embedding_scale: float = 1.0,
+        diffusion_weight: float = 1.0,
+        anchor_weight: float = 1.0,
+        length_weight: float = 0.1,
+        main_weight: float = 0.5,
+    ) -> None:
+        super().__init__()
+        self.objective, self.alpha, self.main_weight = objective, alpha, main_weight
+        self.reconstruct: Callable[..., torch.Tensor] | None = (
+            None if heads is None else heads.reconstruct
+        )
+        self.embedding_scale = embedding_scale
+        self.diffusion_weight, self.anchor_weight = diffusion_weight, anchor_weight
+        self.length_weight = length_weight
+
+    def terms(
+        self,
+        prediction: Prediction,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> dict[str, Any]:
+        """Every term: ``mse`` (L₀), ``head_mse`` ([L_1..L_{N−1}]), ``anchor`` (LossOutput),
+        ``length`` (mean CE), ``length_accuracy``, ``loss`` (the total)."""
+        extras: DiffusionInputs = prediction.extras
+        clean, mask = extras.clean, extras.mask
+        mse = masked_mse(prediction.main, clean, mask)
+        head_mse = []
+        if self.reconstruct is not None and prediction.heads is not None:
+            T = clean.size(1)
+            rebuilt = self.reconstruct(prediction.heads, clean.detach())  # (N−1, B, T, d)
+            for n, estimate in enumerate(rebuilt, 1):
+                shifted = F.pad(clean[:, n:], (0, 0, 0, n))  # x₀[s + n] at column s
+                scored = F.pad(mask[:, n:], (0, n), value=False)[:, :T]
+                head_mse.append(masked_mse(estimate, shifted, scored))
+        diffusion = (
+            functional.ngram_loss([mse, *head_mse], self.alpha, self.main_weight)
+            if head_mse
+            else mse
+        )
+        anchor = self.objective(prediction.main / self.embedding_scale, targets, weight, bias)
+        length = F.cross_entropy(extras.length_logits.float(), extras.length_classes)
+        correct = (extras.length_logits.argmax(-1) == extras.length_classes).float().mean()
+        loss = (
+            self.diffusion_weight * diffusion
+            + self.anchor_weight * anchor.loss
+            + self.length_weight * length
+        )
+        return {
+            "loss": loss,
+            "diffusion": diffusion,
+            "mse": mse,
+            "head_mse": head_mse,
+            "anchor": anchor,
+            "length": length,
+            "length_accuracy": correct,
+        }
+
+    def forward(
+        self,
+        prediction: Prediction,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> LossOutput:
+        terms = self.terms(prediction, targets, weight, bias)
+        anchor = terms["anchor"]
+        return LossOutput(terms["loss"], anchor.nll_sum, anchor.count)
+
+
+def diffusion_loss(ngram: NgramLoss, heads: nn.Module | None, **weights: float) -> DiffusionLoss:
+    """The diffusion loss around the run's built objective (an ``NgramLoss``: its wrapped
+    objective, α and L₀'s weight) with the model's ``heads`` and the task's ``weights``
+    (:class:`DiffusionLoss`'s keyword arguments)."""
+    if ngram.heads_objective is not ngram.objective:
+        raise ConfigError(
+            "objective.ngram_heads_label_smoothing: the diffusion heads' losses are MSEs, "
+            "with no targets to smooth"
+        )
+    return DiffusionLoss(
+        ngram.objective, heads, ngram.alpha, main_weight=ngram.main_weight, **weights
+    )
