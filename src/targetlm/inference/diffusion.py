@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -34,13 +34,34 @@ import torch.nn.functional as F
 from targetlm import functional
 from targetlm.data.batching import Batch
 from targetlm.inference.translate import decode_in_batches, timed_texts, until_eos
-from targetlm.modules.diffusion import SAMPLERS, denoiser_of
-from targetlm.modules.model import LanguageModel, evaluating
+from targetlm.modules.diffusion import SAMPLERS, NoiseSchedule, denoiser_of
+from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.objectives.diffusion import DiffusionLoss
 from targetlm.registry import ConfigError
 
-if TYPE_CHECKING:
-    from targetlm.tasks.diffusion import DiffusionTask
+
+class DiffusionTask(Protocol):
+    """What diffusion decoding asks of its task (:class:`targetlm.tasks.diffusion.DiffusionTask`
+    is one): its decoding options, noise schedule, end time, logit layer and one denoising
+    prediction. A protocol, so that inference sits below the tasks that call it."""
+
+    decode: dict[str, Any]
+    decode_schedule: NoiseSchedule
+
+    def end_time(self, model: LanguageModel) -> float: ...
+
+    def logits(self, model: LanguageModel, estimate: torch.Tensor) -> torch.Tensor: ...
+
+    def predict(
+        self,
+        model: LanguageModel,
+        batch: Batch,
+        state: Any = None,
+        *,
+        run_heads: bool = True,
+        generator: torch.Generator | None = None,
+        coin_generator: torch.Generator | None = None,
+    ) -> Prediction: ...
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ new-word mass in tiles too (:meth:`StreamLogits.log_mass`); the caches need no l
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
@@ -32,10 +32,29 @@ from targetlm.chunked import auto_chunks, logit_statistics
 from targetlm.data.batching import IGNORE, Batch, stream_batches
 from targetlm.inference.combiners import BuiltCombiners, ScoringContext, Segment, StreamLogits
 from targetlm.inference.progress import progress_bar
-from targetlm.modules.model import LanguageModel, evaluating
+from targetlm.modules.model import LanguageModel, Prediction, evaluating
 
-if TYPE_CHECKING:
-    from targetlm.tasks import Task
+
+class StreamReader(Protocol):
+    """What evaluation asks of a stream task (:class:`targetlm.tasks.StreamTask` is one):
+    how a stream becomes batches and how the model reads one. A protocol, so that inference
+    sits below the tasks that call it."""
+
+    def batches(
+        self,
+        ids: torch.Tensor,
+        batch_size: int,
+        segment: int,
+        *,
+        train: bool,
+        lookahead: int = 0,
+        input_ids: torch.Tensor | None = None,
+        positions: bool = False,
+    ) -> Sequence[Batch]: ...
+
+    def predict(
+        self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True
+    ) -> Prediction: ...
 
 
 @dataclass
@@ -70,7 +89,7 @@ def evaluate_ids(
     embedding: nn.Module | None = None,
     per_token: bool = False,
     inspect: Inspector | None = None,
-    task: Task | None = None,
+    task: StreamReader | None = None,
     device: str | torch.device = "cpu",
     loss_impl: Literal["full", "chunked", "auto"] = "auto",
 ) -> list[StreamResult]:
@@ -113,7 +132,7 @@ def _score_stream(
     embedding: nn.Module | None,
     per_token: bool,
     inspect: Inspector | None,
-    task: Task | None,
+    task: StreamReader | None,
     device: str | torch.device,
     loss_impl: Literal["full", "chunked", "auto"],
 ) -> list[StreamResult]:
@@ -173,7 +192,7 @@ def _score_stream(
     ]
 
 
-def _predict(model: LanguageModel, task: Task | None, batch: Batch, state, run_heads: bool):
+def _predict(model: LanguageModel, task: StreamReader | None, batch: Batch, state, run_heads: bool):
     """The task's prediction of ``batch``; a language model's (the ``lm`` task's) for None."""
     if task is None:
         return model(batch.inputs, state, run_heads=run_heads)
@@ -298,7 +317,7 @@ def evaluate_stream(
     batch_size: int,
     segment: int,
     device: str | torch.device = "cpu",
-    task: Task | None = None,
+    task: StreamReader | None = None,
     loss_impl: Literal["full", "chunked", "auto"] = "auto",
 ) -> dict[str, float]:
     """Next-word perplexity of ``ids`` (which start with the context ``<eos>``).

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from targetlm import functional
+from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import Prediction
 from targetlm.objectives.base import LossOutput, Objective
 from targetlm.objectives.ngram import NgramLoss
@@ -71,7 +72,7 @@ class DiffusionLoss(nn.Module):
     def __init__(
         self,
         objective: Objective,
-        heads: nn.Module | None,
+        heads: NgramHeads | None,
         alpha: float,
         *,
         embedding_scale: float = 1.0,
@@ -144,7 +145,7 @@ class DiffusionLoss(nn.Module):
         return LossOutput(terms["loss"], anchor.nll_sum, anchor.count)
 
 
-def diffusion_loss(ngram: NgramLoss, heads: nn.Module | None, **weights: float) -> DiffusionLoss:
+def diffusion_loss(ngram: NgramLoss, heads: NgramHeads | None, **weights: float) -> DiffusionLoss:
     """The diffusion loss around the run's built objective (an ``NgramLoss``: its wrapped
     objective, α and L₀'s weight) with the model's ``heads`` and the task's ``weights``
     (:class:`DiffusionLoss`'s keyword arguments)."""
