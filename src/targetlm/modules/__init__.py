@@ -45,7 +45,9 @@ from targetlm.modules.outputs import (
     ResidualNetwork,
     TiedOutput,
 )
+from targetlm.modules.reformer import ReformerEncoder
 from targetlm.modules.seq2seq import DecoderState, TransformerSeq2Seq
+from targetlm.modules.tensorized import TensorizedTransformer
 
 __all__ = [
     "AdaptiveOutput",
@@ -60,6 +62,7 @@ __all__ = [
     "GrocOutput",
     "GroundedEncoder",
     "ResidualNetwork",
+    "ReformerEncoder",
     "StringIndex",
     "ENCODERS",
     "EmbeddingTable",
@@ -80,6 +83,7 @@ __all__ = [
     "NgramHeads",
     "OutputLayer",
     "SimpleHeads",
+    "TensorizedTransformer",
     "TiedOutput",
     "TransformerEncoder",
     "TransformerSeq2Seq",
