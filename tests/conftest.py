@@ -32,9 +32,9 @@ ENCODER_OPTIONS = {
         "max_context": 64,
         "dropout": 0.0,
     },
-    "reformer": {
+    "reformer": {  # one layer (tests/test_backbones.py trains two, shared): LSH costs per call
         "model_size": 16,
-        "num_layers": 2,
+        "num_layers": 1,
         "num_heads": 2,
         "head_size": 8,
         "bucket_size": 4,

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm.modules.encoders import ENCODERS, Encoder
+from targetlm.modules.encoders import ENCODERS, WindowEncoder
 from targetlm.registry import ConfigError, Fraction, Size
 
 INSTALL = (
@@ -87,7 +87,7 @@ class CausalSharedQkAttention(nn.Module):
 
 
 @ENCODERS.register("reformer")
-class ReformerEncoder(Encoder):
+class ReformerEncoder(WindowEncoder):
     """Causal Reformer stack of ``reformer-pytorch`` (LSH attention, reversible layers).
 
     The defaults are the package's enwik8 example, which Heo et al. (2024) trained with their
@@ -163,19 +163,8 @@ class ReformerEncoder(Encoder):
         for attention in self._attentions:  # used only when use_full_attn is set (eval mode)
             attention.full_attn = CausalSharedQkAttention(lsh_dropout)
 
-    def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, input_size), state (B, P, input_size) or None -> hidden (B, T, model_size)
-        and the new state, the last ``max_context - 1`` inputs."""
-        segment = x.size(1)
-        if segment > self.max_context:
-            raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
-        if state is not None and state.size(1) > 0:
-            keep = self.max_context - segment
-            window = torch.cat([state[:, -keep:], x], 1) if keep > 0 else x
-        else:
-            window = x
+    def _encode(self, window: torch.Tensor, segment: int) -> torch.Tensor:
+        """window (B, L, input_size) -> hidden (B, segment, model_size) of its last positions."""
         length = window.size(1)
         full = not self.training and self.eval_attention == "full"
         for attention in self._attentions:
@@ -184,10 +173,4 @@ class ReformerEncoder(Encoder):
         pad = 0 if full else -length % (2 * self.bucket_size)
         h = F.pad(h, (0, 0, 0, pad))
         h = self.reformer(h, pos_emb=self.positions(h))
-        hidden = self.norm(h[:, length - segment : length])  # (B, T, model_size)
-        new_state = window[:, -(self.max_context - 1) :].detach() if self.max_context > 1 else None
-        return hidden, new_state
-
-    def select_rows(self, state: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-        """The state of batch rows ``rows`` (B',) only, in that order."""
-        return None if state is None else state[rows]
+        return self.norm(h[:, length - segment : length])

@@ -24,9 +24,10 @@ window is bounded: ``max_context`` (32 in the PTB run of the released code).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from targetlm.modules.encoders import ENCODERS, Encoder, sinusoidal_positions
+from targetlm.modules.encoders import ENCODERS, WindowEncoder, sinusoidal_positions
 from targetlm.registry import Fraction, Size
 
 
@@ -66,15 +67,18 @@ class MultiLinearAttention(nn.Module):
         core = self.cores.mean(0)  # (R,): the blocks share the factors, so their mean core
         content = (q + self.content_bias) * core  # (B, L, R)
         position = (q + self.position_bias) * core
-        tensor = torch.einsum("bir,bjr,bkr->bijk", content, k, v) + torch.einsum(
-            "bir,jr,bkr->bijk", position, p, v
-        )  # (B, L, L, L)
+        # the key factors of every (i, j) pair, then the product with v over r: T (B, L, L, L)
+        pairs = content[:, :, None, :] * k[:, None, :, :] + position[:, :, None, :] * p  # (B,L,L,R)
+        tensor = torch.matmul(pairs.flatten(1, 2), v.transpose(1, 2)).view(
+            -1, length, length, length
+        )
         index = torch.arange(length, device=x.device)
         visible = index[None, :] <= index[:, None]  # (L, L): j ≤ i
         mask = visible[:, :, None] & visible[:, None, :]  # (L, L, L): j ≤ i and k ≤ i
         tensor = tensor * mask
         weight = self.merge.weight.view(-1, self.max_context, self.max_context)[:, :length, :length]
-        return self.drop(torch.einsum("bijk,djk->bid", tensor, weight))  # (B, L, d)
+        merged = F.linear(tensor.flatten(2), weight.reshape(weight.size(0), -1))  # (B, L, d)
+        return self.drop(merged)
 
 
 class TensorizedLayer(nn.Module):
@@ -108,7 +112,7 @@ class TensorizedLayer(nn.Module):
 
 
 @ENCODERS.register("tensorized_transformer")
-class TensorizedTransformer(Encoder):
+class TensorizedTransformer(WindowEncoder):
     """Tensorized Transformer decoder stack (Ma et al. 2019), causal.
 
     The defaults are the released code's PTB run with Heo et al.'s (2024) Table 5 change
@@ -154,26 +158,9 @@ class TensorizedTransformer(Encoder):
             for _ in range(num_layers)
         )
 
-    def forward(
-        self, x: torch.Tensor, state: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, input_size), state (B, P, input_size) or None -> hidden (B, T, d) and the
-        new state, the last ``max_context - 1`` inputs."""
-        segment = x.size(1)
-        if segment > self.max_context:
-            raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
-        if state is not None and state.size(1) > 0:
-            keep = self.max_context - segment
-            window = torch.cat([state[:, -keep:], x], 1) if keep > 0 else x
-        else:
-            window = x
+    def _encode(self, window: torch.Tensor, segment: int) -> torch.Tensor:
+        """window (B, L, input_size) -> hidden (B, segment, d) of its last positions."""
         h = self.drop(self.input_map(window))  # (B, L, d)
         for layer in self.layers:
             h = layer(h)
-        hidden = self.drop(h[:, -segment:])
-        new_state = window[:, -(self.max_context - 1) :].detach() if self.max_context > 1 else None
-        return hidden, new_state
-
-    def select_rows(self, state: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
-        """The state of batch rows ``rows`` (B',) only, in that order."""
-        return None if state is None else state[rows]
+        return self.drop(h[:, -segment:])
