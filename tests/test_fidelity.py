@@ -118,6 +118,7 @@ SCRIPT_EXAMPLES = {
     "inan_ptb_cpu.sh": ("inan_ptb_cpu.sh", ["base", "1"]),
     "inan_small_ptb.sh": ("inan_small_ptb.sh", ["1"]),
     "pappas_ptb_cpu.sh": ("pappas_ptb_cpu.sh", ["tied", "1"]),
+    "tt_rf_ptb.sh": ("tt_rf_ptb.sh", ["tt", "wdr", "1"]),
 }
 STAND_IN = r"""#!/usr/bin/env bash
 # records the call (arguments separated by \x1f) instead of running targetlm

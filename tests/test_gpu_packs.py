@@ -8,6 +8,7 @@ $TARGETLM_DATA.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -26,6 +27,11 @@ PACKS = {  # pack: (run names with SEEDS=1, evaluation subcommand)
         "eval",
     ),
     "pappas_table2": ([f"{m}-s1" for m in ("tied", "adaptive", "groc")], "eval"),
+    # the stand-in targetlm runs under bash, which has no reformer-pytorch: the tt runs only
+    "tt_rf": (
+        [f"tt-{c}-{m}-s1" for c in ("ptb", "wt2") for m in ("base", "sim", "wdr")],
+        "eval",
+    ),
     "nmt_multi30k": (
         [f"{d}-{m}-s1" for d in ("en-de", "de-en") for m in ("base", "sim", "wdr")],
         "translate",
@@ -130,6 +136,38 @@ def test_a_smoke_pack_evaluates_at_the_lambda_best_on_val(tmp_path):
         ("test_2016_flickr.en", "0.1"),
     ]
     assert (out / "records" / "en-de-wdr-s1" / "translate-test-lambda0.1.json").exists()
+
+
+def test_the_tt_rf_pack_runs_the_reformer_where_its_package_is_and_says_so_where_not(tmp_path):
+    completed, calls, _ = run_pack(tmp_path, "tt_rf")
+    assert "the rf runs are skipped: reformer-pytorch is not installed" in completed.stdout
+    if importlib.util.find_spec("reformer_pytorch") is None:
+        pytest.skip('reformer-pytorch not installed: pip install -e ".[reformer]"')
+    (tmp_path / "with").mkdir()  # a fresh OUT_DIR: the first call's tt runs are done there
+    completed, calls, _ = run_pack(
+        tmp_path / "with", "tt_rf", env={"TARGETLM_PYTHON": sys.executable}
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "skipped" not in completed.stdout
+    trains = {Path(c[c.index("--run-dir") + 1]).name: c for c in calls if c[0] == "train"}
+    expected = {
+        f"{b}-{c}-{m}-s1"
+        for b in ("tt", "rf")
+        for c in ("ptb", "wt2")
+        for m in ("base", "sim", "wdr")
+    }
+    assert set(trains) == expected
+    for name, call in trains.items():
+        config = call[1]
+        assert config == f"configs/{name.removesuffix('-s1')}.toml"
+        sets = [call[i + 1] for i, a in enumerate(call) if a == "--set"]
+        # each backbone gets its own smoke shrinking (the options differ between the two)
+        assert ("model.encoder.bucket_size=8" in sets) == name.startswith("rf-"), sets
+        assert ("model.encoder.rank=8" in sets) == name.startswith("tt-"), sets
+    lambdas = {Path(c[1]).name for c in calls if c[0] == "eval" and "--ensemble-lambda" in c}
+    assert lambdas == {n for n in expected if "-base-" not in n}
+    grid = {c[c.index("--ensemble-lambda") + 1] for c in calls if "--ensemble-lambda" in c}
+    assert grid == {"0,0.1,0.2,0.3,0.4,0.5,0.6"}
 
 
 def test_a_pack_without_an_output_directory_says_how_to_call_it(tmp_path):

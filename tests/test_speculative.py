@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import ENCODER_OPTIONS, model_config
+from conftest import ENCODER_OPTIONS, encoder_params, model_config
 
 from targetlm.config import ComponentConfig
 from targetlm.data import Vocabulary
@@ -25,7 +25,7 @@ WORDS = ["<unk>", "<eos>"] + [f"w{i}" for i in range(V - 2)]
 VOCAB = Vocabulary(WORDS, [1] * V)
 PROMPTS = [["w1", "w2"], ["w3"], ["w4", "w5", "w6", "w7", "w8"], ["w9", "w10", "w11"]]
 KINDS = sorted(HEADS.names())
-LM_ENCODERS = sorted(ENCODER_OPTIONS)
+LM_ENCODERS = encoder_params(sorted(ENCODER_OPTIONS))
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -179,6 +179,10 @@ def test_schedules():
     assert [in_steps.lr(s, 1) for s in (1, 40, 41, 50, 51, 130)] == [1, 1, 0.5, 0.5, 0.25, 0.5**9]
     warm = LrSchedule(TrainConfig(lr=1.0, schedule="inverse_sqrt", warmup_steps=4))
     assert [warm.lr(s, 1) for s in (1, 2, 4, 16)] == [0.25, 0.5, 1.0, 0.5]
+    # cosine over 12 steps after 2 warm-up steps: half-way (step 8) at lr/2, 0 at the last
+    cosine = LrSchedule(TrainConfig(lr=1.0, schedule="cosine", warmup_steps=2), total_steps=14)
+    rates = [cosine.lr(s, 1) for s in (1, 2, 5, 8, 14, 20)]
+    assert rates == pytest.approx([0.5, 1.0, (1 + math.cos(math.pi / 4)) / 2, 0.5, 0.0, 0.0])
     plateau = LrSchedule(TrainConfig(lr=1.0, schedule="plateau", decay_factor=0.1, patience=1))
     for loss in (3.0, 2.0, 2.5, 2.5, 2.6, 2.7):  # bad evaluations: 1, 2 -> reduce, 1, 2 -> reduce
         plateau.on_validation(loss)

@@ -129,7 +129,10 @@ class TrainConfig:
     # | plateau: lr *= decay_factor when validation does not improve for `patience` evaluations
     # | inverse_sqrt: linear warmup for warmup_steps, then lr * sqrt(warmup_steps / step)
     # | linear: linear warmup for warmup_steps, then linear decay to 0 at the last step
-    schedule: Literal["constant", "epoch_decay", "plateau", "inverse_sqrt", "linear"] = "constant"
+    # | cosine: linear warmup, then lr * (1 + cos(pi * fraction of the rest done)) / 2, 0 at the end
+    schedule: Literal["constant", "epoch_decay", "plateau", "inverse_sqrt", "linear", "cosine"] = (
+        "constant"
+    )
     decay_factor: float = 0.5
     decay_start: int = 4
     # epoch_decay counts epochs of this many optimiser steps instead of passes over the data

@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     base = config_lib.DataConfig(name=args.name, dir=args.dir)
     print(f"{spec.name}: {spec.description}")
+    if spec.availability:
+        print(f"availability: {spec.availability}")
     if spec.languages:
         return _parallel_info(base, spec)
     splits = {s: read_split(base, s) for s in spec.splits}

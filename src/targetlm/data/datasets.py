@@ -73,6 +73,8 @@ class DatasetSpec:
     unpack: Callable[[bytes, Path], None] | None = None
     # a parallel corpus: each split is the files <split>.<language> (targetlm.data.parallel)
     languages: tuple[str, ...] = ()
+    # where the corpus cannot be had from this kind of machine (printed by `targetlm data info`)
+    availability: str = ""
 
 
 def _raw(repo: str, commit_or_branch: str, path: str) -> str:
@@ -84,6 +86,51 @@ def _unpack_wikitext103(blob: bytes, target: Path) -> None:
         for split in ("train", "valid", "test"):
             data = archive.read(f"wikitext-103/wiki.{split}.tokens")
             (target / f"{split}.txt").write_bytes(data)
+
+
+# Text8 (Mahoney's first 10^8 characters of cleaned English Wikipedia, one line of lower-case
+# words): the usual split (Mikolov et al. 2014) is its first 90M characters for training, the
+# next 5M for validation and the last 5M for testing; a cut that falls inside a word moves to
+# the space after it, so no word is split.
+TEXT8_CUTS = (90_000_000, 95_000_000)
+# md5 of the unpacked ``text8`` file (danijar/tensorsets, text8.py, checks the same); the
+# archive itself is 31,344,016 bytes (TensorFlow's word2vec tutorial expects that size)
+TEXT8_MD5 = "3bea1919949baf155f99411df5fada7e"
+TEXT8_ZIP_BYTES = 31_344_016
+
+
+def text8_unpacker(
+    cuts: tuple[int, int] = TEXT8_CUTS,
+    md5: str | None = TEXT8_MD5,
+    archive_bytes: int | None = TEXT8_ZIP_BYTES,
+) -> Callable[[bytes, Path], None]:
+    """The function that unpacks text8.zip into train / valid / test.txt, each one line of
+    words, cut at the characters ``cuts``; it checks the archive's size and the unpacked
+    file's md5 first (None: not checked)."""
+
+    def unpack(blob: bytes, target: Path) -> None:
+        if archive_bytes is not None and len(blob) != archive_bytes:
+            raise DataError(f"text8.zip: {len(blob):,} bytes, expected {archive_bytes:,}")
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            text = archive.read("text8")
+        if md5 is not None and hashlib.md5(text).hexdigest() != md5:
+            raise DataError(f"text8: md5 mismatch (expected {md5}); not saved")
+        bounds = [0]
+        for cut in cuts:
+            space = text.find(b" ", max(cut, bounds[-1]))
+            bounds.append(len(text) if space < 0 else space)
+        bounds.append(len(text))
+        for split, start, end in zip(("train", "valid", "test"), bounds, bounds[1:]):
+            (target / f"{split}.txt").write_bytes(text[start:end].strip() + b"\n")
+
+    return unpack
+
+
+NOT_OBTAINABLE_HERE = (
+    "not obtainable on machines without the open web (package registries only): download it "
+    "where the web is reachable (`targetlm data download {name}`) and copy the directory here "
+    "(data.dir, $TARGETLM_DATA/{name} or the user cache)"
+)
 
 
 BROWN_GENRES = [
@@ -184,13 +231,26 @@ DATASETS: dict[str, DatasetSpec] = {
         ),
         DatasetSpec(
             "wikitext-103",
-            "WikiText-103 v1, tokenized, with <unk> (the S3 link is dead; Merity's own mirror)",
+            "WikiText-103 v1, tokenized, with <unk> (Merity et al. 2016): the archive that "
+            "torchtext and Hugging Face fetched from Salesforce's S3 bucket "
+            "(research.metamind.io/wikitext/wikitext-103-v1.zip, now gone), from Merity's own "
+            "mirror; md5 as in torchtext's WikiText103",
             ("train", "valid", "test"),
             archive=Remote(
                 "https://wikitext.smerity.com/wikitext-103-v1.zip",
                 md5="9ddaacaf6af0710eda8c456decff7832",
             ),
             unpack=_unpack_wikitext103,
+            availability=NOT_OBTAINABLE_HERE.format(name="wikitext-103"),
+        ),
+        DatasetSpec(
+            "text8",
+            "Text8 (Mahoney 2006): 10^8 characters of cleaned English Wikipedia, split "
+            "90M / 5M / 5M characters (Mikolov et al. 2014), one line of words per split",
+            ("train", "valid", "test"),
+            archive=Remote("http://mattmahoney.net/dc/text8.zip"),
+            unpack=text8_unpacker(),
+            availability=NOT_OBTAINABLE_HERE.format(name="text8"),
         ),
         DatasetSpec(
             "brown",

@@ -44,7 +44,9 @@ from targetlm.modules.outputs import (
     ResidualNetwork,
     TiedOutput,
 )
+from targetlm.modules.reformer import ReformerEncoder
 from targetlm.modules.seq2seq import DecoderState, TransformerSeq2Seq
+from targetlm.modules.tensorized import TensorizedTransformer
 
 __all__ = [
     "AdaptiveOutput",
@@ -59,6 +61,7 @@ __all__ = [
     "GrocOutput",
     "GroundedEncoder",
     "ResidualNetwork",
+    "ReformerEncoder",
     "StringIndex",
     "ENCODERS",
     "EmbeddingTable",
@@ -79,6 +82,7 @@ __all__ = [
     "NgramHeads",
     "OutputLayer",
     "SimpleHeads",
+    "TensorizedTransformer",
     "TiedOutput",
     "TransformerSeq2Seq",
     "DecoderState",

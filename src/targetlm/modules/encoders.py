@@ -643,6 +643,104 @@ class TransformerBlock(nn.Module):
         return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d))), (k, v)
 
 
+@dataclass
+class RaggedWindow:
+    """A :class:`WindowEncoder` state whose rows hold different numbers of past inputs: row b's
+    are ``inputs[b, :lengths[b]]`` (what follows is padding, never read).
+
+    inputs: (B, P, input_size); lengths: (B,) long, each ≥ 1.
+    """
+
+    inputs: torch.Tensor
+    lengths: torch.Tensor
+
+
+class WindowEncoder(Encoder):
+    """Base of encoders whose state is the window of their last ``max_context - 1`` inputs.
+
+    A segment x (B, T, input_size) is encoded with the window of the previous inputs before it
+    (positions counted from the window's start): ``_encode(window, T)`` gives the hidden states
+    of the window's last T positions. Rows can leave the batch (:meth:`select_rows`) and states
+    whose rows hold different numbers of inputs can be put together (:meth:`concat_rows`, a
+    :class:`RaggedWindow`); such a batch is read one group of equal lengths at a time, so every
+    row's output is the one it gets alone.
+    """
+
+    def _encode(self, window: torch.Tensor, segment: int) -> torch.Tensor:
+        """window (B, L, input_size) -> hidden (B, segment, output_size) of its last positions."""
+        raise NotImplementedError
+
+    def forward(
+        self, x: torch.Tensor, state: torch.Tensor | RaggedWindow | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | RaggedWindow | None]:
+        """x (B, T, input_size), the state -> hidden (B, T, output_size) and the new state."""
+        segment = x.size(1)
+        if segment > self.max_context:
+            raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
+        if isinstance(state, RaggedWindow):
+            return self._forward_ragged(x, state)
+        if state is not None and state.size(1) > 0:
+            keep = self.max_context - segment
+            window = torch.cat([state[:, -keep:], x], 1) if keep > 0 else x
+        else:
+            window = x
+        hidden = self._encode(window, segment)
+        if self.max_context == 1:
+            return hidden, None
+        return hidden, window[:, -(self.max_context - 1) :].detach()
+
+    def _forward_ragged(
+        self, x: torch.Tensor, state: RaggedWindow
+    ) -> tuple[torch.Tensor, torch.Tensor | RaggedWindow | None]:
+        """Each group of rows with the same number of past inputs read on its own."""
+        hidden = None
+        new_states: list[torch.Tensor | None] = [None] * x.size(0)
+        for length in state.lengths.unique().tolist():
+            rows = (state.lengths == length).nonzero().squeeze(1)
+            out, new = self.forward(x[rows], state.inputs[rows, :length])
+            if hidden is None:
+                hidden = out.new_zeros(x.size(0), *out.shape[1:])
+            hidden[rows] = out
+            for i, row in enumerate(rows.tolist()):
+                new_states[row] = None if new is None else new[i : i + 1]
+        if new_states[0] is None:
+            return hidden, None
+        return hidden, self.concat_rows(new_states)
+
+    def select_rows(
+        self, state: torch.Tensor | RaggedWindow | None, rows: torch.Tensor
+    ) -> torch.Tensor | RaggedWindow | None:
+        """The state of batch rows ``rows`` (B',) only, in that order."""
+        if state is None or isinstance(state, torch.Tensor):
+            return None if state is None else state[rows]
+        return RaggedWindow(state.inputs[rows], state.lengths[rows])
+
+    def concat_rows(self, states: Sequence) -> torch.Tensor | RaggedWindow:
+        """One state whose rows are those of ``states`` one after the other (a plain window
+        when every row holds the same number of inputs)."""
+        if any(s is None for s in states):
+            raise ValueError("concat_rows: a state of no tokens has no rows")
+        parts = [
+            s
+            if isinstance(s, RaggedWindow)
+            else RaggedWindow(
+                s, torch.full((s.size(0),), s.size(1), dtype=torch.long, device=s.device)
+            )
+            for s in states
+        ]
+        lengths = torch.cat([p.lengths for p in parts])
+        width = int(lengths.max())
+        inputs = torch.cat(
+            [
+                F.pad(p.inputs[:, :width], (0, 0, 0, width - min(width, p.inputs.size(1))))
+                for p in parts
+            ]
+        )
+        if bool((lengths == width).all()):
+            return inputs
+        return RaggedWindow(inputs, lengths)
+
+
 def sinusoidal_positions(length: int, d: int) -> torch.Tensor:
     """Vaswani et al. (2017) positions: sin on even, cos on odd dimensions. (length, d)."""
     position = torch.arange(length, dtype=torch.float32)[:, None]

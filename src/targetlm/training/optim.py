@@ -47,11 +47,14 @@ class LrSchedule:
     - ``inverse_sqrt``: lr · step/warmup during warm-up, then lr · sqrt(warmup/step).
     - ``linear``: lr · step/warmup during warm-up, then down to 0 at ``total_steps``
       (Hugging Face's linear schedule).
+    - ``cosine``: lr · step/warmup during warm-up, then lr · (1 + cos(π·p))/2 with p the
+      fraction of the steps after warm-up done, 0 at ``total_steps`` (``CosineAnnealingLR``
+      with eta_min 0, as the Tensorized Transformer's released code trains).
     """
 
     def __init__(self, config: TrainConfig, total_steps: int = 0) -> None:
         self.config = config
-        self.total_steps = total_steps  # the budget's last step (``linear``)
+        self.total_steps = total_steps  # the budget's last step (``linear``, ``cosine``)
         self.reductions = 0
         self.best = math.inf
         self.bad_evaluations = 0
@@ -72,6 +75,12 @@ class LrSchedule:
                 return c.lr * step / c.warmup_steps
             left = max(self.total_steps - step, 0) / max(self.total_steps - c.warmup_steps, 1)
             return c.lr * left
+        if c.schedule == "cosine":
+            if step < c.warmup_steps:
+                return c.lr * step / c.warmup_steps
+            done = min(step - c.warmup_steps, self.total_steps - c.warmup_steps)
+            fraction = done / max(self.total_steps - c.warmup_steps, 1)
+            return c.lr * (1 + math.cos(math.pi * fraction)) / 2
         return c.lr
 
     def on_validation(self, loss: float) -> None:
