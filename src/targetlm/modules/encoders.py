@@ -666,6 +666,8 @@ class WindowEncoder(Encoder):
     row's output is the one it gets alone.
     """
 
+    max_context: int  # a window encoder always has a finite context
+
     def _encode(self, window: torch.Tensor, segment: int) -> torch.Tensor:
         """window (B, L, input_size) -> hidden (B, segment, output_size) of its last positions."""
         raise NotImplementedError
@@ -698,11 +700,13 @@ class WindowEncoder(Encoder):
         for length in state.lengths.unique().tolist():
             rows = (state.lengths == length).nonzero().squeeze(1)
             out, new = self.forward(x[rows], state.inputs[rows, :length])
+            assert not isinstance(new, RaggedWindow)  # rows of one length give a plain window
             if hidden is None:
                 hidden = out.new_zeros(x.size(0), *out.shape[1:])
             hidden[rows] = out
             for i, row in enumerate(rows.tolist()):
                 new_states[row] = None if new is None else new[i : i + 1]
+        assert hidden is not None  # the batch has at least one row
         if new_states[0] is None:
             return hidden, None
         return hidden, self.concat_rows(new_states)

@@ -42,6 +42,8 @@ class MultiLinearAttention(nn.Module):
         dropout: on the attention output.
     """
 
+    sinusoids: torch.Tensor  # (max_context, model_size), a buffer
+
     def __init__(
         self, model_size: int, rank: int, num_blocks: int, max_context: int, dropout: float
     ) -> None:
