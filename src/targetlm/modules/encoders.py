@@ -611,7 +611,7 @@ class TransformerBlock(nn.Module):
             k,
             v,
             attn_mask=mask,
-            is_causal=past is None,
+            is_causal=past is None and mask is None,
             dropout_p=self.dropout if self.training else 0.0,
         )
         return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d))), (k, v)
