@@ -204,3 +204,40 @@ def command_args(*args: str):
 
     flat = [a for part in args for a in (part if isinstance(part, list) else [part])]
     return build_parser().parse_args(["train-heads", *flat])
+
+
+def test_heads_train_on_an_hf_backbone():
+    """The recipe needs only the model's x̂ and output layer: a tiny local llama body."""
+    pytest.importorskip("transformers")
+    from targetlm.config import ModelConfig
+
+    hf = {
+        "model_type": "llama",
+        "vocab_size": V,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 48,
+        "tie_word_embeddings": True,
+    }
+    torch.manual_seed(0)
+    config = ModelConfig(
+        backbone=ComponentConfig("hf", {"config": hf}), heads=ComponentConfig("simple", {"n": 3})
+    )
+    model = build_model(config, WORDS).eval()
+    segments = greedy_text(model, 48, 12)  # (its greedy text soon repeats one word a row)
+    train = distill.HiddenCache.build(model, segments[:40])
+    with torch.no_grad():
+        log_probs, _ = model.log_probs(segments[:40])
+    assert torch.equal(train.greedy, log_probs.argmax(-1))
+    held = distill.HiddenCache.build(model, segments[40:])
+    heads = {id(p) for p in model.heads.parameters()}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in heads)
+    weight, bias = model.output()
+    before = distill.head_agreement(model.heads, held, weight, bias)
+    distill.train_drafting_heads(model, train, steps=30, lr=0.05, batch_size=8)
+    after = distill.head_agreement(model.heads, held, weight, bias)
+    assert all(a > b + 0.2 for a, b in zip(after, before)), (before, after)
