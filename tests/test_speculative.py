@@ -215,6 +215,26 @@ def test_each_row_keeps_its_own_accepted_length(encoder, monkeypatch):
     assert stats.accepted == sum(k - 1 for calls in expected for k in calls)
 
 
+@pytest.mark.parametrize("kind", ["medusa", "gloeckle"])
+def test_every_draft_reads_the_x_hat_of_the_last_accepted_column(kind, monkeypatch):
+    """d_0 is greedy's token from the last column's x̂: the x̂ the heads draft from (the last of
+    the window's columns) gives it, step after step, row after row."""
+    options = {"window": 3} if kind == "gloeckle" else {}
+    model = lm("transformer", kind, 4, seed=5, context=64, **options)
+    calls = []
+    original = speculative.draft
+
+    def recording(heads, weight, bias, first, predicted, length, words=None):
+        last = predicted if predicted.dim() == 2 else predicted[:, -1]
+        calls.append((bool((model.logits(last).argmax(-1) == first).all()), last[0].clone()))
+        return original(heads, weight, bias, first, predicted, length, words)
+
+    monkeypatch.setattr(speculative, "draft", recording)
+    generate_batch(model, VOCAB, PROMPTS, 20, temperature=0, speculative=True)
+    assert len(calls) > 3 and all(agrees for agrees, _ in calls)
+    assert not torch.equal(calls[0][1], calls[-1][1])  # a new column's x̂ each step
+
+
 def test_the_lstm_re_reads_each_group_of_rows_once(monkeypatch):
     """An encoder without rewind reads the kept tokens again from the saved state, one
     forward per distinct kept length."""

@@ -230,7 +230,9 @@ def speculative_decode(
         fits = context is None or int(lengths.max()) + length + 1 <= context
         drafted = first[:, None]
         if fits and use_heads:
-            drafted = draft(heads, weight, bias, first, columns, length, words)
+            drafted = draft(
+                heads, weight, bias, first, predicted if window == 1 else columns, length, words
+            )
         if fits and lookup is not None:
             drafted = _looked_up(lookup, drafted, length)
         verified = model(drafted, state, run_heads=False)
