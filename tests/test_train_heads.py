@@ -241,3 +241,25 @@ def test_heads_train_on_an_hf_backbone():
     distill.train_drafting_heads(model, train, steps=30, lr=0.05, batch_size=8)
     after = distill.head_agreement(model.heads, held, weight, bias)
     assert all(a > b + 0.2 for a, b in zip(after, before)), (before, after)
+
+
+def test_train_heads_reads_a_config_file_as_its_body(tmp_path, capsys):
+    """A config file: its model as built (a pretrained backbone as published) is the body."""
+    from test_cli import QUICKSTART
+
+    from targetlm.cli import main
+    from targetlm.runs import load_run
+
+    new = tmp_path / "heads"
+    sets = ["data.synthetic.train_sentences=60", "model.encoder.hidden_size=16"]
+    sets += ["model.embedding.size=16"]
+    config = tmp_path / "body.toml"
+    from targetlm import builders
+    from targetlm import config as config_lib
+
+    config.write_text(config_lib.dumps(builders.load_config(QUICKSTART, sets)))
+    args = ["train-heads", str(config), "--corpus", "train", "--steps", "2", "--segment", "16"]
+    assert main([*args, "--run-dir", str(new), "--heads-kind", "medusa", "--n", "3"]) == 0
+    assert "head 2: top-1 agreement" in capsys.readouterr().out
+    _, vocab, model, _ = load_run(new)
+    assert model.num_heads == 2 and len(vocab) > 10

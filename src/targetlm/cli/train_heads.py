@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.files import atomic_write
     from targetlm.modules.heads import build_heads
     from targetlm.rundir import RunDirError
-    from targetlm.runs import BEST, CONFIG, load_run, read_best
+    from targetlm.runs import BEST, CONFIG, VOCAB, load_run, read_best
     from targetlm.training import distill
 
     _check_numbers(args)
@@ -143,9 +143,12 @@ def run(args: argparse.Namespace) -> int:
     staging = Path(tempfile.mkdtemp(prefix=f".{args.run_dir.name}.", suffix=".tmp", dir=parent))
     staging.chmod(0o755)
     try:
-        for item in Path(args.source).iterdir():
-            if item.is_file() and item.name not in NOT_COPIED and not item.name.startswith("."):
-                shutil.copy2(item, staging / item.name)
+        if Path(args.source).is_dir():
+            for item in Path(args.source).iterdir():
+                if item.is_file() and item.name not in NOT_COPIED and not item.name.startswith("."):
+                    shutil.copy2(item, staging / item.name)
+        else:  # a config file: its vocabulary (and the tokenizer's own file) are written here
+            vocab.save(staging / VOCAB)
         atomic_write(staging / CONFIG, config_lib.dumps(new_config))
         save_atomic(
             {
@@ -220,7 +223,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "train-heads",
         help="train drafting heads by self-distillation on a run's frozen body (Medusa-1)",
     )
-    p.add_argument("source", metavar="RUN_DIR", help="the trained run (its best checkpoint)")
+    p.add_argument(
+        "source",
+        metavar="RUN_DIR",
+        help="the trained run (its best checkpoint), or a config file: its model as built "
+        "(a pretrained backbone as published)",
+    )
     p.add_argument(
         "--corpus", required=True, help="a text file, or a split of the run's data (train, ...)"
     )
