@@ -132,10 +132,17 @@ def test_prompt_lookup_alone_and_with_heads_equals_greedy(encoder, drafter):
     assert fast.verifications > 0 and fast.acceptance > 0  # greedy text repeats itself
 
 
-@pytest.mark.parametrize("encoder", LM_ENCODERS)
-def test_stop_strings_and_max_tokens_inside_a_draft(encoder):
-    """Identity heads on a repeating model accept whole drafts, so rows end inside them."""
-    model = lm(encoder, "medusa", 4, seed=3)
+@pytest.mark.parametrize(
+    ("encoder", "kind"),
+    [(e, "medusa") for e in LM_ENCODERS] + [("transformer", k) for k in KINDS if k != "medusa"],
+)
+def test_stop_strings_and_max_tokens_inside_a_draft(encoder, kind):
+    """Identity heads on a repeating model accept whole drafts, so rows end inside them; every
+    other kind (random heads) gives greedy's rows with the same stop strings."""
+    model = lm(encoder, kind, 4, seed=3)
+    if kind == "medusa":  # identity-initialised again: drafts that greedy accepts
+        for parameter in model.heads.parameters():
+            torch.nn.init.zeros_(parameter)
     prompts = PROMPTS
     full = generate_batch(model, VOCAB, prompts, max_tokens=13, temperature=0)
     for speculate in ("heads", "lookup", "both"):
@@ -181,7 +188,7 @@ def test_each_row_keeps_its_own_accepted_length(encoder, monkeypatch):
     rng = torch.Generator().manual_seed(0)
     expected: list[list[int]] = [[] for _ in prompts]
 
-    def oracle(heads, weight, bias, first, predicted, length):
+    def oracle(heads, weight, bias, first, predicted, length, words=None):
         alive = [r for r in range(3) if not rows.done[r]]
         drafts = []
         for b, row in enumerate(alive):
@@ -206,6 +213,26 @@ def test_each_row_keeps_its_own_accepted_length(encoder, monkeypatch):
     assert rows.calls == expected
     assert len({len(c) for c in rows.calls}) > 1  # the rows took different numbers of steps
     assert stats.accepted == sum(k - 1 for calls in expected for k in calls)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "gloeckle"])
+def test_every_draft_reads_the_x_hat_of_the_last_accepted_column(kind, monkeypatch):
+    """d_0 is greedy's token from the last column's x̂: the x̂ the heads draft from (the last of
+    the window's columns) gives it, step after step, row after row."""
+    options = {"window": 3} if kind == "gloeckle" else {}
+    model = lm("transformer", kind, 4, seed=5, context=64, **options)
+    calls = []
+    original = speculative.draft
+
+    def recording(heads, weight, bias, first, predicted, length, words=None):
+        last = predicted if predicted.dim() == 2 else predicted[:, -1]
+        calls.append((bool((model.logits(last).argmax(-1) == first).all()), last[0].clone()))
+        return original(heads, weight, bias, first, predicted, length, words)
+
+    monkeypatch.setattr(speculative, "draft", recording)
+    generate_batch(model, VOCAB, PROMPTS, 20, temperature=0, speculative=True)
+    assert len(calls) > 3 and all(agrees for agrees, _ in calls)
+    assert not torch.equal(calls[0][1], calls[-1][1])  # a new column's x̂ each step
 
 
 def test_the_lstm_re_reads_each_group_of_rows_once(monkeypatch):
@@ -276,7 +303,9 @@ def test_hf_backbone_speculation_equals_greedy(hf_model, kind):
 # --- heads that start as the identity -------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kind", "options"), [("medusa", {}), ("simple", {"residual": True})])
+@pytest.mark.parametrize(
+    ("kind", "options"), [("medusa", {}), ("simple", {"residual": True}), ("gloeckle", {})]
+)
 def test_untrained_residual_heads_draft_what_the_main_head_would(kind, options):
     """At step 0 x̂_{t+n} = x̂_t: every draft repeats d_0."""
     torch.manual_seed(0)
@@ -291,6 +320,28 @@ def test_untrained_residual_heads_draft_what_the_main_head_would(kind, options):
     first = model.logits(prediction.main[:, -1]).argmax(-1)
     drafted = speculative.draft(model.heads, weight, bias, first, prediction.main[:, -1], 3)
     assert torch.equal(drafted, first[:, None].expand(-1, 4))
+
+
+@pytest.mark.parametrize("kind", ["gloeckle", "mtp"])
+def test_window_drafts_are_what_the_heads_predict_over_the_whole_sequence(kind):
+    """Drafting from the last `window` columns and the read words gives head 1's token of the
+    training-time forward over the whole sequence (the true words in place of the drafts);
+    the parallel heads give every head's."""
+    torch.manual_seed(0)
+    model = lm("transformer", kind, 4, context=64, window=3)
+    inputs, targets = torch.randint(2, V, (2, 12)), torch.randint(2, V, (2, 15))
+    targets[:, :11] = inputs[:, 1:]
+    weight, bias = model.output()
+    with torch.no_grad():
+        prediction = model(inputs)
+        vectors = model.heads.reconstruct(prediction.heads, weight[targets])  # (3, 2, 12, d)
+        expected = model.logits(vectors).argmax(-1)  # (3, 2, 12): head n's token at column t
+        for t in (0, 1, 7, 11):
+            columns = prediction.main[:, max(0, t - 2) : t + 1]
+            words = targets[:, max(0, t - 2) : t]
+            drafted = speculative.draft(model.heads, weight, bias, targets[:, t], columns, 3, words)
+            heads = 3 if kind == "gloeckle" else 1  # mtp's depth 2 reads the drafted d_1
+            assert torch.equal(drafted[:, 1 : 1 + heads], expected[:heads, :, t].t())
 
 
 def test_residual_false_keeps_todays_heads():

@@ -3,6 +3,8 @@
     targetlm train CONFIG [--set key=value ...] [--run-dir DIR] [--resume]
     targetlm train --resume --run-dir DIR [--set key=value ...]   (DIR's own config.toml)
     targetlm finetune RUN_DIR --run-dir NEW_DIR [--set key=value ...] [--resume]
+    targetlm train-heads RUN_DIR --corpus FILE|SPLIT --steps S --run-dir NEW_DIR [--heads-kind K] [--n N]
+                         [--heads-set key=value ...] [--init-heads RUN] [--cache-mb MB] [--json]
     targetlm eval RUN_DIR [--split valid|test | --file PATH] [--set key=value ...] [--ensemble-lambda L,L,...] [--json]
                   [--open-vocab] [--uniform-weight MU] [--new-word-weight OMEGA] [--lowercase]
                   [--unigram-cache LAMBDA] [--neural-cache LAMBDA [--neural-theta T] [--neural-window N]]
@@ -45,6 +47,7 @@ from targetlm.cli import (
     lexicon,
     score,
     train,
+    train_heads,
     translate,
 )
 from targetlm.cli import eval as eval_command
@@ -58,6 +61,7 @@ EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, RunDirError, Trainin
 COMMANDS = (
     train,
     finetune,
+    train_heads,
     eval_command,
     score,
     generate,

@@ -254,6 +254,9 @@ def generate_batch(
     padded = torch.tensor([i + [vocab.eos_id] * (longest - len(i)) for i in ids], device=device)
     prediction = model(padded[:, :common], None, run_heads=False)
     read = common  # tokens read per row (the next column)
+    # the last columns' main x̂, for heads that attend over a window of columns while drafting
+    window = model.heads.window if speculative and model.num_heads else 1
+    history = prediction.main[:, -window:]
     stats = None
     with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens
         while not rows.finished:
@@ -273,6 +276,7 @@ def generate_batch(
                     texts,
                     drafter,
                     draft_tokens,
+                    history,
                 )
                 break
             logits = functional.logits(prediction.main[:, -1], weight, bias)  # (B, V)
@@ -285,6 +289,8 @@ def generate_batch(
             if read < longest:  # rows still reading their prompt read its next token instead
                 chosen = torch.where(read < lengths, padded[:, read], chosen)
             prediction = model(chosen[:, None], prediction.state, run_heads=False)
+            if window > 1:
+                history = torch.cat([history, prediction.main], 1)[:, -window:]
             read += 1
         bar.update(max(len(t) for t in rows.tokens) - bar.n)
     return Generations(

@@ -81,25 +81,34 @@ def draft(
     first: torch.Tensor,
     predicted: torch.Tensor,
     length: int,
+    words: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Greedy drafts d_0..d_length (B, length + 1) from one column: d_0 = ``first`` (B,),
-    greedy's token there, and heads 1..length run on its main x̂ ``predicted`` (B, d).
-    ``weight`` (V, d) and ``bias`` (V,): the output layer's. Only argmaxes of logits."""
-    batch, d = predicted.shape
-    raw = heads(predicted[:, None])[:length]  # (length, B, 1, d): the heads at column t only
+    """Greedy drafts d_0..d_length (B, length + 1) from one column t: d_0 = ``first`` (B,),
+    greedy's token there, and heads 1..length run on the main x̂ ``predicted``: (B, d) of
+    column t, or (B, P, d) of the last P ≤ ``heads.window`` columns ending at t (heads that
+    attend over columns). ``words`` (B, P − 1): the ids y of columns t−P+1..t−1, the tokens
+    read after them (None when P = 1). ``weight`` (V, d) and ``bias`` (V,): the output
+    layer's. Only argmaxes of logits."""
+    if predicted.dim() == 2:
+        predicted = predicted[:, None]
+    batch, columns, d = predicted.shape
+    raw = heads(predicted)[:length]  # (length, B, P, d)
     if not heads.reads_words:  # x̂_{t+n} needs no drafted word: every head in one product
-        vectors = heads.reconstruct(raw, predicted.new_zeros(batch, length + 1, d))[:, :, 0]
-        drafts = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
-        return torch.cat([first[:, None], drafts.t()], 1)
+        padding = predicted.new_zeros(batch, columns + length, d)
+        vectors = heads.reconstruct(raw, padding)[:, :, -1]  # (length, B, d) at column t
+        tokens = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
+        return torch.cat([first[:, None], tokens.t()], 1)
     tokens = [first]
-    # x_t..x_{t+N−1} = E_out of the drafted words, zeros where not drafted yet: head n's
-    # conjugate reads x_t..x_{t+n−1} only (drafted by then), and reconstruct defines column t
-    # only where x_{t+n} exists, hence n + 1 columns for heads 1..n
-    embeddings = predicted.new_zeros(batch, length + 1, d)
+    # x_s = E_out of the words y_s from column t−P+1 on: the read ones, then the drafted ones
+    # (zeros where not drafted yet: head n reads x_t..x_{t+n−1} only, drafted by then;
+    # reconstruct defines column t only where x_{t+n} exists, hence P + n columns for heads 1..n)
+    embeddings = predicted.new_zeros(batch, columns + length, d)
+    if columns > 1:
+        embeddings[:, : columns - 1] = weight[words]
     for n in range(1, length + 1):
-        embeddings[:, n - 1] = weight[tokens[-1]]
+        embeddings[:, columns + n - 2] = weight[tokens[-1]]
         # heads 1..n (reconstruct numbers them from 1), of which head n's x̂_{t+n} (B, d)
-        vector = heads.reconstruct(raw[:n], embeddings[:, : n + 1])[-1, :, 0]
+        vector = heads.reconstruct(raw[:n], embeddings[:, : columns + n])[-1, :, -1]
         tokens.append(functional.logits(vector[:, None], weight, bias)[:, 0].argmax(-1))
     return torch.stack(tokens, 1)
 
@@ -182,6 +191,7 @@ def speculative_decode(
     texts: Sequence[Sequence[int]],
     drafter: Drafter = "heads",
     draft_tokens: int | None = None,
+    history: torch.Tensor | None = None,
 ) -> SpeculativeStats:
     """Generate until every row of ``rows`` is done, from the main x̂ ``predicted`` (B, d) at
     the last column every row read (``read`` tokens each, their ids ``texts``) and ``state``.
@@ -189,7 +199,9 @@ def speculative_decode(
     drafter: ``heads`` (the N-gram heads), ``lookup`` (prompt lookup) or ``both`` (lookup
     where the row's text has a match, the heads elsewhere). draft_tokens: drafted tokens per
     step (default: the heads' N − 1, or :data:`LOOKUP_TOKENS` for lookup alone; the heads
-    draft at most N − 1). Emits into ``rows`` and returns the counts.
+    draft at most N − 1). history: (B, P, d), the main x̂ of the last P columns every row
+    read (ending with ``predicted``), for heads that attend over ``window`` columns (None:
+    column t alone). Emits into ``rows`` and returns the counts.
     """
     encoder, heads = model.encoder, model.heads
     use_heads = drafter in ("heads", "both")
@@ -204,12 +216,23 @@ def speculative_decode(
     alive = list(range(predicted.size(0)))  # the generating rows, as rows of the batch
     lengths = torch.full((len(alive),), read, dtype=torch.long)  # tokens read per row (CPU)
     first = functional.logits(predicted[:, None], weight, bias)[:, 0].argmax(-1)  # (B,) d_0
+    # heads over columns: the last ≤ window columns' x̂ and the words y read after all but the last
+    window = heads.window if use_heads else 1
+    columns = predicted[:, None] if history is None or window == 1 else history[:, -window:]
+    known = columns.size(1) - 1  # (a row that ended before speculation began has fewer: zeros)
+    words = torch.tensor(
+        [[0] * max(known - len(t), 0) + (list(t[-known:]) if known else []) for t in texts],
+        dtype=torch.long,
+        device=predicted.device,
+    ).view(len(texts), known)
     stats = SpeculativeStats()
     while alive:
         fits = context is None or int(lengths.max()) + length + 1 <= context
         drafted = first[:, None]
         if fits and use_heads and heads is not None:
-            drafted = draft(heads, weight, bias, first, predicted, length)
+            drafted = draft(
+                heads, weight, bias, first, predicted if window == 1 else columns, length, words
+            )
         if fits and lookup is not None:
             drafted = _looked_up(lookup, drafted, length)
         verified = model(drafted, state, run_heads=False)
@@ -222,6 +245,8 @@ def speculative_decode(
         state = _kept_state(model, state, verified.state, drafted, keep, ragged)
         batch = torch.arange(len(alive), device=keep.device)
         predicted, first = verified.main[batch, keep - 1], greedy[batch, keep - 1]
+        if window > 1:
+            columns, words = _slide(columns, words, verified.main, drafted, keep, window)
         lengths += keep.cpu()
         if drafted.size(1) > 1:
             stats.steps += 1
@@ -241,10 +266,32 @@ def speculative_decode(
         index = torch.tensor(staying, device=predicted.device)
         state = encoder.select_rows(state, index)
         predicted, first, lengths = predicted[index], first[index], lengths[index.cpu()]
+        columns, words = columns[index], words[index]
         alive = [alive[b] for b in staying]
         if lookup is not None:
             lookup.select(staying)
     return stats
+
+
+def _slide(
+    columns: torch.Tensor,
+    words: torch.Tensor,
+    verified: torch.Tensor,
+    drafted: torch.Tensor,
+    keep: torch.Tensor,
+    window: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last ≤ ``window`` columns' x̂ (B, P', d) and their words (B, P' − 1) after row b
+    read ``keep[b]`` of the ``drafted`` tokens (B, k + 1), whose x̂ are ``verified``
+    (B, k + 1, d): from ``columns`` (B, P, d) and ``words`` (B, P − 1)."""
+    before = columns.size(1)
+    width = min(window, before + int(keep.min()))
+    joined = torch.cat([columns, verified], 1)  # (B, P + k + 1, d)
+    # y of joined column j: the token read after it (the last kept column's is not known)
+    tokens = torch.cat([words, drafted], 1)  # (B, P + k)
+    index = (keep + before - width)[:, None] + torch.arange(width, device=keep.device)
+    columns = joined.gather(1, index[..., None].expand(-1, -1, joined.size(2)))
+    return columns, tokens.gather(1, index[:, :-1])
 
 
 def _looked_up(lookup: PromptLookup, drafted: torch.Tensor, length: int) -> torch.Tensor:

@@ -453,18 +453,32 @@ class CausalTransformer(Encoder):
         offsets = torch.arange(segment, device=x.device)
         total = state.lengths + segment  # (B,) tokens per row after x
         longest = int(total.max())
-        stream = _write_columns(state.inputs, x, state.lengths, longest)  # (B, longest, ·)
-        cache = state.keys_values if not self.training and self.kv_cache else None
-        if cache is not None and longest <= self.max_context:  # no row's window slides
-            columns = state.lengths[:, None] + offsets  # (B, T): each row's own positions
-            h = self.drop(self.input_map(x) + self.positions[columns])
-            # query i of row b sees keys 0..lengths[b] + i (later keys: other drafts, padding)
-            visible = torch.arange(longest, device=x.device) <= columns[..., None]  # (B, T, L)
+        cached = not self.training and self.kv_cache and state.keys_values is not None
+        if cached and longest <= self.max_context:  # no row's window slides
+            # written in place where the state has room (it grows by doubling up to the
+            # window): a read costs its own tokens, not a copy of every row's cache
+            lengths = state.lengths.tolist()
+            if len(set(lengths)) == 1:  # rows of one length: slices, and a mask only for T > 1
+                start = lengths[0]
+                where, positions = start, self.positions[start : start + segment]
+                mask = None
+                if segment > 1:  # query i sees keys 0..start + i
+                    mask = torch.ones(segment, longest, dtype=torch.bool, device=x.device)
+                    mask = mask.tril(start)
+            else:
+                where = state.lengths[:, None] + offsets  # (B, T): each row's own positions
+                positions = self.positions[where]
+                # query i of row b sees keys 0..lengths[b] + i (later: other drafts, padding)
+                mask = (torch.arange(longest, device=x.device) <= where[..., None])[:, None]
+            stream = _write_columns(state.inputs, x, where, longest, 1, self.max_context)
+            h = self.drop(self.input_map(x) + positions)
             keys_values = []
-            for block, kv in zip(self.blocks, cache):
-                h, kv = block(h, kv, columns=columns, mask=visible[:, None])
+            for block, kv in zip(self.blocks, state.keys_values):
+                h, kv = block(h, kv, columns=where, mask=mask, room=self.max_context, width=longest)
                 keys_values.append(kv)
             return self.norm(h), RaggedState(stream, total, tuple(keys_values))
+        columns = state.lengths[:, None] + offsets
+        stream = _write_columns(state.inputs, x, columns, longest)  # (B, longest, ·)
         # some row's window slides (or nothing is cached): every row reads its own last
         # max_context inputs from position 0, left-aligned (padding after them is not seen)
         window = total.clamp(max=self.max_context)  # (B,)
@@ -516,17 +530,40 @@ def _as_ragged(state) -> RaggedState | None:
 
 
 def _write_columns(
-    cache: torch.Tensor, new: torch.Tensor, lengths: torch.Tensor, width: int, dim: int = 1
+    cache: torch.Tensor,
+    new: torch.Tensor,
+    columns: torch.Tensor | int,
+    width: int,
+    dim: int = 1,
+    room: int | None = None,
 ) -> torch.Tensor:
-    """A copy of ``cache`` (rows first, positions on ``dim``) cut or padded to ``width``
-    positions, with row b's ``new`` positions (T of them, on the same ``dim``) written from
-    ``lengths[b]`` on."""
-    shape = list(cache.shape)
-    shape[dim] = width
-    out = cache.new_zeros(shape)
-    kept = min(width, cache.size(dim))
-    out.narrow(dim, 0, kept).copy_(cache.narrow(dim, 0, kept))
-    columns = lengths[:, None] + torch.arange(new.size(dim), device=new.device)  # (B, T)
+    """``cache`` (rows first, positions on ``dim``) with row b's ``new`` positions (T of them,
+    on the same ``dim``) written at ``columns[b]`` ((B, T) long), or, an int, at every row's
+    positions ``columns``..``columns + T − 1``.
+
+    ``room`` None: a copy cut or padded to ``width`` positions. ``room`` (the most positions a
+    state holds): written in place when ``cache`` holds ``width`` positions already (only
+    positions at or after a row's length change: padding or dropped drafts, which no state
+    reads), else a copy with room to grow (twice the positions, at most ``room``, at least
+    ``width``); without autograd only (a tensor that needs gradients is copied)."""
+    in_place = (
+        room is not None
+        and cache.size(dim) >= width
+        and not (torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad))
+    )
+    if in_place:
+        out = cache
+    else:
+        shape = list(cache.shape)
+        if room is not None:
+            width = max(width, min(room, 2 * cache.size(dim)))
+        shape[dim] = width
+        out = cache.new_zeros(shape)
+        kept = min(width, cache.size(dim))
+        out.narrow(dim, 0, kept).copy_(cache.narrow(dim, 0, kept))
+    if isinstance(columns, int):
+        out.narrow(dim, columns, new.size(dim)).copy_(new)
+        return out
     view = [columns.size(0)] + [1] * (new.dim() - 1)
     view[dim] = columns.size(1)
     out.scatter_(dim, columns.view(view).expand_as(new), new.to(out.dtype))
@@ -592,18 +629,23 @@ class TransformerBlock(nn.Module):
         past: KeyValue | None = None,
         columns: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        room: int | None = None,
+        width: int | None = None,
     ) -> tuple[torch.Tensor, KeyValue]:
         """x (B, T, d), after the cached keys/values ``past`` of the P previous positions (None:
         x starts the window) -> (B, T, d) and the keys/values of all P + T positions.
 
         Rows of different lengths: ``columns`` (B, T), where row b's new keys and values go
-        in ``past`` (its positions), and ``mask`` (B, 1, T, L), the keys each query sees;
-        the keys/values returned are ``past`` with the new ones written there (L positions)."""
+        in ``past`` (its positions; an int: the same for every row), ``width`` L, the keys
+        attended to (default: the mask's), and ``mask`` (B, 1, T, L) or (T, L), the keys each
+        query sees (None: all L); the keys/values returned are ``past`` with the new ones
+        written there (at least L positions; with ``room``, the most positions a state holds,
+        written in place where ``past`` has room, see ``_write_columns``)."""
         if self.pre_norm:
-            attended, kv = self._attend(self.norm1(x), past, columns, mask)
+            attended, kv = self._attend(self.norm1(x), past, columns, mask, room, width)
             x = x + attended
             return x + self.drop(self.ff(self.norm2(x))), kv
-        attended, kv = self._attend(x, past, columns, mask)
+        attended, kv = self._attend(x, past, columns, mask, room, width)
         x = self.norm1(x + attended)
         return self.norm2(x + self.drop(self.ff(x))), kv
 
@@ -613,6 +655,8 @@ class TransformerBlock(nn.Module):
         past: KeyValue | None = None,
         columns: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        room: int | None = None,
+        width: int | None = None,
     ) -> tuple[torch.Tensor, KeyValue]:
         """The dropped-out attention branch, (B, T, d) -> (B, T, d), and the keys/values."""
         B, T, d = x.shape
@@ -620,12 +664,14 @@ class TransformerBlock(nn.Module):
             y.transpose(1, 2)  # (B, heads, T, d/heads)
             for y in self.qkv(x).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
         )
+        kv = None
         if columns is not None:  # rows of different lengths: write at each row's positions
-            if past is None or mask is None:
-                raise ValueError("writing at each row's positions needs its keys/values and mask")
-            width = mask.size(-1)
-            k = _write_columns(past[0], k, columns[:, 0], width, dim=2)
-            v = _write_columns(past[1], v, columns[:, 0], width, dim=2)
+            width = mask.size(-1) if width is None else width
+            kv = (
+                _write_columns(past[0], k, columns, width, 2, room),
+                _write_columns(past[1], v, columns, width, 2, room),
+            )
+            k, v = kv[0][:, :, :width], kv[1][:, :, :width]  # the keys the mask covers
         elif past is not None:
             P = past[0].size(2)
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)  # (B, heads, P + T, ·)
@@ -637,10 +683,10 @@ class TransformerBlock(nn.Module):
             k,
             v,
             attn_mask=mask,
-            is_causal=past is None,
+            is_causal=past is None and mask is None,  # (a cache without a mask: every key)
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d))), (k, v)
+        return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d))), kv or (k, v)
 
 
 @dataclass

@@ -25,10 +25,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from targetlm import functional
-from targetlm.registry import ConfigError, Range, Registry, Size
+from targetlm.modules.encoders import TransformerBlock
+from targetlm.registry import ConfigError, Fraction, Range, Registry, Size
 
 if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
@@ -64,13 +66,16 @@ class NgramHeads(nn.Module):
     Attributes:
         reads_words: whether ``reconstruct`` reads the words before the predicted one (WDR's
             conjugate); drafting then runs the heads one after another, else all at once.
-        drafts: whether speculative decoding can draft with these heads from one column's
-            raw outputs (a kind that needs more, e.g. the drafted tokens' embeddings through
-            its own layers, says False until the decoder supports it).
+        drafts: whether speculative decoding can draft with these heads.
+        window: how many columns up to t the outputs at column t read (1: column t alone,
+            the MLP heads; a transformer layer per head attends over its last ``window``
+            columns). Drafting passes the heads the last ``window`` columns' main x̂ and, to
+            ``reconstruct``, the words y of those columns (the read text, then the drafts).
     """
 
     reads_words: bool = False
     drafts: bool = True
+    window: int = 1
 
     def __init__(
         self,
@@ -180,6 +185,168 @@ class MedusaHeads(NgramHeads):
 
     def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         return outputs
+
+
+class WindowedBlocks(nn.Module):
+    """One causal transformer layer per head (pre-norm self-attention and feed-forward, as the
+    encoder's ``TransformerBlock``) whose query at column t attends to columns t−window+1..t
+    only. The papers attend over the whole prefix; a window bounds what drafting recomputes
+    per step (the last ``window`` columns, no cache of the heads' own keys and values).
+    The attention output projection and the feed-forward's last Linear start at zero, so each
+    block starts as the identity (x + 0)."""
+
+    def __init__(
+        self, count: int, d: int, num_heads: int, ff_size: int, window: int, dropout: float
+    ) -> None:
+        super().__init__()
+        if d % num_heads:
+            raise ValueError(
+                f"embedding_dim {d} is not divisible by num_attention_heads {num_heads}"
+            )
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self.blocks = nn.ModuleList(
+            TransformerBlock(d, num_heads, ff_size, dropout, "pre", "gelu") for _ in range(count)
+        )
+        for block in self.blocks:
+            for linear in (block.proj, block.ff[-1]):
+                nn.init.zeros_(linear.weight)
+                nn.init.zeros_(linear.bias)
+
+    def mask(self, columns: int, device: torch.device) -> torch.Tensor:
+        """(T, T) bool: query i sees keys i−window+1..i."""
+        offset = torch.arange(columns, device=device)
+        distance = offset[:, None] - offset[None, :]
+        return (distance >= 0) & (distance < self.window)
+
+    def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Block ``index`` over x (B, T, d) -> (B, T, d)."""
+        return self.blocks[index](x, mask=self.mask(x.size(1), x.device))[0]
+
+
+@HEADS.register("gloeckle")
+class ParallelTransformerHeads(NgramHeads):
+    """Gloeckle et al. 2024 ("Better & Faster Large Language Models via Multi-token
+    Prediction", arXiv:2404.19737): head n is one transformer layer over the trunk's shared
+    hidden states, ``x̂_{t+n} = Layer^n(x̂_{≤t})``, read by the model's output layer (the shared
+    unembedding); the heads run in parallel and read no words. Their loss sums the heads'
+    cross entropies with equal weights (configs/tf-small-ptb-gloeckle.toml).
+
+    Each layer attends causally over its last ``window`` columns and starts as the identity
+    (zero-initialised output projections: an untrained head drafts what the main head would).
+
+    Args:
+        embedding_dim: d (supplied by the builder).
+        n: N, the number of predicted positions including the main one.
+        num_attention_heads: attention heads per layer (must divide d).
+        ff_size: the feed-forward width (default 4d).
+        window: the columns each query attends to (itself included).
+        dropout: on attention weights and residual branches.
+    """
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        n: HeadCount = 2,
+        num_attention_heads: Size = 4,
+        ff_size: Size | None = None,
+        window: Size = 16,
+        dropout: Fraction = 0.0,
+    ) -> None:
+        nn.Module.__init__(self)
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        self.num_predictions = n
+        self.residual = False
+        self.window = window
+        self.layers = WindowedBlocks(
+            n - 1, embedding_dim, num_attention_heads, ff_size or 4 * embedding_dim, window, dropout
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """x̂ (B, T, d) -> each head's layer over it, (N−1, B, T, d)."""
+        return torch.stack([self.layers(i, hidden) for i in range(self.num_predictions - 1)])
+
+    def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        return outputs
+
+
+@HEADS.register("mtp")
+class SequentialMtpHeads(NgramHeads):
+    """DeepSeek-V3's sequential multi-token prediction modules (DeepSeek-AI 2024, §2.2,
+    arXiv:2412.19437). Depth k = 1..N−1 at column t::
+
+        h'^k_t = W_k [RMSNorm(h^{k−1}_t) ; RMSNorm(Emb(y_{t+k−1}))]     (2d -> d)
+        h^k    = TRM_k(h'^k)      one causal transformer block over the columns
+        x̂_{t+k} = RMSNorm_k(h^k_t), read by the shared output layer
+
+    with h^0 = the main x̂. Depth k sees the true word y_{t+k−1} in training (the word before
+    its target, the one the main head or depth k−1 predicts) and the drafted one in decoding,
+    so the heads ``reads_words`` and run in ``reconstruct``; ``forward`` only hands the main
+    x̂ on (one view per depth, no copy). Emb is the target-side word vector x_s = E_out[y_s]
+    that every head kind receives (DeepSeek-V3 shares the input embedding; with a tied output
+    layer it is that table), detached. The loss weighs the depths' mean by λ
+    (configs/tf-small-ptb-mtp.toml).
+
+    Each block attends causally over its last ``window`` columns (the paper: the whole
+    prefix), so drafting recomputes a bounded window.
+
+    Args:
+        embedding_dim: d (supplied by the builder).
+        n: N, the number of predicted positions including the main one (N − 1 depths).
+        num_attention_heads: attention heads per block (must divide d).
+        ff_size: the feed-forward width (default 4d).
+        window: the columns each query attends to (itself included).
+        dropout: on attention weights and residual branches.
+    """
+
+    reads_words = True
+
+    def __init__(
+        self,
+        embedding_dim: int,
+        n: HeadCount = 2,
+        num_attention_heads: Size = 4,
+        ff_size: Size | None = None,
+        window: Size = 16,
+        dropout: Fraction = 0.0,
+    ) -> None:
+        nn.Module.__init__(self)
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        d = embedding_dim
+        self.num_predictions = n
+        self.residual = False
+        self.window = window
+        depths = n - 1
+        self.hidden_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
+        self.word_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
+        self.projections = nn.ModuleList(nn.Linear(2 * d, d, bias=False) for _ in range(depths))
+        self.layers = WindowedBlocks(
+            depths, d, num_attention_heads, ff_size or 4 * d, window, dropout
+        )
+        self.output_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """x̂ (B, T, d) -> h^0 = x̂ for each depth, (N−1, B, T, d) (an expanded view)."""
+        return hidden.unsqueeze(0).expand(self.num_predictions - 1, *hidden.shape)
+
+    def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """``outputs`` (K, B, T, d): h^0 (its first entry; K ≤ N−1 depths are run) -> x̂_{t+k}
+        of depths 1..K (K, B, T, d). embeddings (B, L, d): x_s of the words from the same first
+        column; depth k at column t reads x_{t+k−1} (zeros past L)."""
+        depths, _, columns, _ = outputs.shape
+        needed = columns + depths - 1
+        if embeddings.size(1) < needed:
+            embeddings = F.pad(embeddings, (0, 0, 0, needed - embeddings.size(1)))
+        hidden, predicted = outputs[0], []
+        for k in range(depths):
+            words = embeddings[:, k : k + columns].to(hidden.dtype)
+            joined = torch.cat([self.hidden_norms[k](hidden), self.word_norms[k](words)], -1)
+            hidden = self.layers(k, self.projections[k](joined))
+            predicted.append(self.output_norms[k](hidden))
+        return torch.stack(predicted)
 
 
 def build_heads(config: ComponentConfig, embedding_dim: int) -> NgramHeads | None:
