@@ -58,14 +58,15 @@ def run(args: argparse.Namespace) -> int:
         )
     if heads_config != config.model.heads:  # other heads: new ones (residual kinds: identity)
         model.heads = build_heads(heads_config, embedding_dim=model.output.embedding_dim)
-    if model.num_heads < 1:
+    heads = model.heads
+    if heads is None or model.num_heads < 1:
         raise ConfigError(f"model.heads.n = {heads_config.options.get('n')}: no heads to train")
     if args.init_heads is not None:
         start, _, path = read_best(args.init_heads)
         _load_heads(model, start["model"], str(path))
     for parameter in model.parameters():  # the body is frozen; the heads train
         parameter.requires_grad_(False)
-    for parameter in model.heads.parameters():
+    for parameter in heads.parameters():
         parameter.requires_grad_(True)
 
     corpus = Path(args.corpus)
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--corpus {args.corpus}: neither a file nor a split (train, valid, test)"
         )
-    ids = with_context_token(vocab.encode(vocab.tokenizer.tokenize(lines)), vocab.eos_id)
+    ids = with_context_token(vocab.encode(vocab.require_tokenizer().tokenize(lines)), vocab.eos_id)
     context = model.encoder.max_context
     if context is not None and args.segment > context:
         raise ConfigError(f"--segment {args.segment} exceeds the body's max_context {context}")
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with torch.no_grad():
         weight, bias = model.output()
-    before = distill.head_agreement(model.heads, held_out, weight, bias)
+    before = distill.head_agreement(heads, held_out, weight, bias)
 
     def log(step: int, loss: float) -> None:
         print(f"step {step}/{args.steps}: loss {loss:.4f}", flush=True)
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     distill.train_drafting_heads(
         model, train, args.steps, args.lr, args.batch_size, args.seed, log, args.log_every
     )
-    after = distill.head_agreement(model.heads, held_out, weight, bias)
+    after = distill.head_agreement(heads, held_out, weight, bias)
     seconds = time.perf_counter() - started
     new_config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, heads=heads_config)

@@ -98,7 +98,7 @@ def draft(
         vectors = heads.reconstruct(raw, padding)[:, :, -1]  # (length, B, d) at column t
         tokens = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
         return torch.cat([first[:, None], tokens.t()], 1)
-    tokens = [first]
+    drafted = [first]
     # x_s = E_out of the words y_s from column t−P+1 on: the read ones, then the drafted ones
     # (zeros where not drafted yet: head n reads x_t..x_{t+n−1} only, drafted by then;
     # reconstruct defines column t only where x_{t+n} exists, hence P + n columns for heads 1..n)
@@ -106,11 +106,11 @@ def draft(
     if columns > 1:
         embeddings[:, : columns - 1] = weight[words]
     for n in range(1, length + 1):
-        embeddings[:, columns + n - 2] = weight[tokens[-1]]
+        embeddings[:, columns + n - 2] = weight[drafted[-1]]
         # heads 1..n (reconstruct numbers them from 1), of which head n's x̂_{t+n} (B, d)
         vector = heads.reconstruct(raw[:n], embeddings[:, : columns + n])[-1, :, -1]
-        tokens.append(functional.logits(vector[:, None], weight, bias)[:, 0].argmax(-1))
-    return torch.stack(tokens, 1)
+        drafted.append(functional.logits(vector[:, None], weight, bias)[:, 0].argmax(-1))
+    return torch.stack(drafted, 1)
 
 
 class PromptLookup:
@@ -217,7 +217,7 @@ def speculative_decode(
     lengths = torch.full((len(alive),), read, dtype=torch.long)  # tokens read per row (CPU)
     first = functional.logits(predicted[:, None], weight, bias)[:, 0].argmax(-1)  # (B,) d_0
     # heads over columns: the last ≤ window columns' x̂ and the words y read after all but the last
-    window = heads.window if use_heads else 1
+    window = heads.window if use_heads and heads is not None else 1
     columns = predicted[:, None] if history is None or window == 1 else history[:, -window:]
     known = columns.size(1) - 1  # (a row that ended before speculation began has fewer: zeros)
     words = torch.tensor(

@@ -453,8 +453,8 @@ class CausalTransformer(Encoder):
         offsets = torch.arange(segment, device=x.device)
         total = state.lengths + segment  # (B,) tokens per row after x
         longest = int(total.max())
-        cached = not self.training and self.kv_cache and state.keys_values is not None
-        if cached and longest <= self.max_context:  # no row's window slides
+        cache = state.keys_values if not self.training and self.kv_cache else None
+        if cache is not None and longest <= self.max_context:  # no row's window slides
             # written in place where the state has room (it grows by doubling up to the
             # window): a read costs its own tokens, not a copy of every row's cache
             lengths = state.lengths.tolist()
@@ -473,7 +473,7 @@ class CausalTransformer(Encoder):
             stream = _write_columns(state.inputs, x, where, longest, 1, self.max_context)
             h = self.drop(self.input_map(x) + positions)
             keys_values = []
-            for block, kv in zip(self.blocks, state.keys_values):
+            for block, kv in zip(self.blocks, cache):
                 h, kv = block(h, kv, columns=where, mask=mask, room=self.max_context, width=longest)
                 keys_values.append(kv)
             return self.norm(h), RaggedState(stream, total, tuple(keys_values))
@@ -666,7 +666,10 @@ class TransformerBlock(nn.Module):
         )
         kv = None
         if columns is not None:  # rows of different lengths: write at each row's positions
-            width = mask.size(-1) if width is None else width
+            if past is None or (mask is None and width is None):
+                raise ValueError("writing at each row's positions needs its keys/values and width")
+            width = mask.size(-1) if width is None and mask is not None else width
+            assert width is not None
             kv = (
                 _write_columns(past[0], k, columns, width, 2, room),
                 _write_columns(past[1], v, columns, width, 2, room),

@@ -210,7 +210,10 @@ class WindowedBlocks(nn.Module):
             TransformerBlock(d, num_heads, ff_size, dropout, "pre", "gelu") for _ in range(count)
         )
         for block in self.blocks:
-            for linear in (block.proj, block.ff[-1]):
+            assert isinstance(block, TransformerBlock)
+            last = block.ff[-1]
+            assert isinstance(last, nn.Linear)
+            for linear in (block.proj, last):
                 nn.init.zeros_(linear.weight)
                 nn.init.zeros_(linear.bias)
 
