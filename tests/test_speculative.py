@@ -134,7 +134,8 @@ def test_prompt_lookup_alone_and_with_heads_equals_greedy(encoder, drafter):
 
 @pytest.mark.parametrize(
     ("encoder", "kind"),
-    [(e, "medusa") for e in LM_ENCODERS] + [("transformer", k) for k in KINDS if k != "medusa"],
+    [pytest.param(*e.values, "medusa", marks=e.marks) for e in LM_ENCODERS]
+    + [("transformer", k) for k in KINDS if k != "medusa"],
 )
 def test_stop_strings_and_max_tokens_inside_a_draft(encoder, kind):
     """Identity heads on a repeating model accept whole drafts, so rows end inside them; every
