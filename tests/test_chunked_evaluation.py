@@ -70,6 +70,24 @@ def test_perplexity_chunked_equals_full(output, request):
     assert chunked["nll"] == pytest.approx(full["nll"], rel=1e-5)
 
 
+def test_inspect_with_forced_chunking_is_refused_and_auto_gives_it_the_logits():
+    torch.manual_seed(0)
+    model = build_model(model_config("lstm", "tied"), 40).eval()
+    ids = torch.randint(40, (30,), generator=torch.Generator().manual_seed(1))
+    seen = []
+
+    def inspect(logits, targets):
+        seen.append((logits.shape, targets.shape))
+
+    with pytest.raises(ValueError, match="loss_impl = 'chunked' never builds"):
+        evaluate_module.evaluate_ids(
+            model, ids, batch_size=2, segment=5, inspect=inspect, loss_impl="chunked"
+        )
+    assert not seen
+    evaluate_module.evaluate_ids(model, ids, batch_size=2, segment=5, inspect=inspect)
+    assert seen and all(logits[-1] == 40 and logits[:-1] == targets for logits, targets in seen)
+
+
 @pytest.mark.parametrize(
     "switches", _compositions(), ids=lambda s: "+".join(k for k, v in s.items() if v) or "none"
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ def translate_file(
     beam: dict[str, Any] | None = None,
     diffusion: dict[str, Any] | None = None,
     reference_path: Path | None = None,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
 ) -> tuple[list[str], dict[str, Any]]:
     """The translations of ``source_path``'s lines and a summary (BLEU, chrF and their
     signatures with a reference; sentences, seconds, sentences/s), decoded by the run's task
@@ -69,17 +69,19 @@ def translate_file(
     if reference_path is not None:
         references = read_file_lines(reference_path)
         check_aligned(source_path, lines, reference_path, references)
-    sources = encode_lines(vocab.tokenizer, vocab, lines)
-    context = model.encoder.max_context
+    tokenizer = vocab.require_tokenizer()
+    sources = encode_lines(tokenizer, vocab, lines)
+    context = model.encoder.max_context  # None: an unbounded encoder takes any length
     for number, ids in enumerate(sources, 1):
-        if len(ids) > context:
+        if context is not None and len(ids) > context:
             raise DataError(
                 f"{source_path}, line {number}: {len(ids)} source tokens exceed the model's "
                 f"max_context {context}"
             )
     target_lengths = None
     if oracle_length:  # each reference's length in target tokens, <eos> included
-        targets = encode_lines(vocab.tokenizer, vocab, references)
+        assert references is not None  # --oracle-length without --reference was refused above
+        targets = encode_lines(tokenizer, vocab, references)
         target_lengths = [len(ids) for ids in targets]
     hypotheses, seconds = task.translate_texts(
         model,

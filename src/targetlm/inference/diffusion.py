@@ -126,6 +126,7 @@ def head_ensemble(
     """x̂₀ (R, T, d) and the heads' raw outputs (N−1, R, T, d) -> the ensembled x̂₀ (eq. 13)."""
     if lam == 0 or raw is None:
         return main
+    assert model.heads is not None  # raw outputs (not None) come only from the model's heads
     T = main.size(1)
     rebuilt = model.heads.reconstruct(raw, main)  # column s: the estimate of position s + n
     estimates = torch.stack(

@@ -107,11 +107,17 @@ def evaluate_ids(
         embedding: an input embedding to read with instead of the model's (e.g. rebuilt for
             V_eval), for this evaluation only.
         per_token: also return per-token log-probabilities.
-        inspect: called with the main stream's logits and targets of every segment.
+        inspect: called with the main stream's logits and targets of every segment (it needs
+            the full logit layer: not with ``loss_impl = "chunked"``).
         task: how the stream becomes batches and the model reads them (a
             :class:`~targetlm.tasks.StreamTask`; None: language modelling, the ``lm`` task's).
         loss_impl: the logit layer ``full``, ``chunked`` or ``auto`` (see the module docstring).
     """
+    if inspect is not None and loss_impl == "chunked":
+        raise ValueError(
+            "evaluate_ids: inspect reads the (B, T, V) logits, which loss_impl = 'chunked' never "
+            "builds; use 'full' or 'auto'"
+        )
     with evaluating(model):
         return _score_stream(
             model, target_ids, batch_size, segment, combiners or BuiltCombiners(), context,
@@ -246,6 +252,7 @@ def _stream_log_probs(
     targets = segment.targets
     stream, gathered = _stream_logits(vectors, weight, bias, targets, context, chunked)
     if inspect is not None:
+        assert stream.logits is not None  # inspect runs unchunked (_segment_nll, evaluate_ids)
         inspect(stream.logits, targets)
     if exact_probs:
         return _combined_log_probs(stream, gathered, targets, context, probability, segment)

@@ -37,7 +37,7 @@ from targetlm.data.batching import IGNORE, Batch, pad
 from targetlm.inference.progress import progress_bar
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, evaluating
-from targetlm.modules.seq2seq import DecoderState
+from targetlm.modules.seq2seq import DecoderState, TransformerSeq2Seq
 from targetlm.registry import ConfigError
 
 
@@ -172,8 +172,20 @@ class Stepper:
         self.prefix = torch.cat([self.prefix, tokens[:, None]], 1)
 
 
-def _start(model: LanguageModel, source: torch.Tensor, mask: torch.Tensor, cache: bool):
-    return model.encoder.start(model.embedding(source), mask, cache=cache)
+def seq2seq_of(model: LanguageModel) -> TransformerSeq2Seq:
+    """``model``'s encoder, an encoder-decoder (a one-line error for any other)."""
+    if not isinstance(model.encoder, TransformerSeq2Seq):
+        raise ConfigError(
+            "greedy and beam-search decoding need an encoder-decoder: model.encoder.kind = "
+            f"'transformer_seq2seq', got a {type(model.encoder).__name__}"
+        )
+    return model.encoder
+
+
+def _start(
+    model: LanguageModel, source: torch.Tensor, mask: torch.Tensor, cache: bool
+) -> DecoderState:
+    return seq2seq_of(model).start(model.embedding(source), mask, cache=cache)
 
 
 def max_lengths(mask: torch.Tensor, options: DecodeOptions, context: int) -> torch.Tensor:
@@ -186,7 +198,7 @@ def greedy(
     model: LanguageModel, source: torch.Tensor, mask: torch.Tensor, options: DecodeOptions, eos: int
 ) -> list[list[int]]:
     """The most probable next token at each step, batched; each output without its ``<eos>``."""
-    limits = max_lengths(mask, options, model.encoder.max_context)
+    limits = max_lengths(mask, options, seq2seq_of(model).max_context)
     stepper = Stepper(model, _start(model, source, mask, options.cache), options, eos)
     B = source.size(0)
     outputs = torch.full((B, int(limits.max())), eos, dtype=torch.long, device=source.device)
@@ -214,7 +226,7 @@ def beam_search(
     """The best finished hypothesis of each sentence (without its ``<eos>``); see the module."""
     k = options.beam
     B, device = source.size(0), source.device
-    limits = max_lengths(mask, options, model.encoder.max_context)
+    limits = max_lengths(mask, options, seq2seq_of(model).max_context)
     rows = torch.arange(B, device=device).repeat_interleave(k)
     stepper = Stepper(model, _start(model, source, mask, options.cache).select(rows), options, eos)
     alive = torch.arange(B, device=device)  # the sentences still decoding, in batch order

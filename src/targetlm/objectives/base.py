@@ -11,7 +11,7 @@ from torch import nn
 from targetlm.registry import Registry
 
 # builders may hand objectives the built input embedding (Inan et al.'s analysis builds ỹ from it)
-OBJECTIVES: Registry[nn.Module] = Registry("objective", context=("embedding",))
+OBJECTIVES: Registry[Objective] = Registry("objective", context=("embedding",))
 
 
 class Objective(nn.Module):

@@ -194,10 +194,10 @@ class NgramLoss(nn.Module):
         check_targets(targets, weight.size(0))
         rows = self.head_rows(prediction, targets, weight)
         chunked = self.uses_chunked(prediction.main.shape[:-1].numel() * len(rows), weight.size(0))
-        counts = divisors = None
-        if chunked or self.count_divisors is not None:
-            counts = [int((t != IGNORE).sum()) for _, t in rows]
-            divisors = None if self.count_divisors is None else self.count_divisors(counts)
+        # each head's scored positions, counted (a device sync) only where something reads them
+        needs_counts = chunked or self.count_divisors is not None
+        counts = [int((t != IGNORE).sum()) for _, t in rows] if needs_counts else []
+        divisors = None if self.count_divisors is None else self.count_divisors(counts)
         if chunked:
             return self.chunked(prediction, rows, counts, divisors, weight, bias)
         records = self.row_losses(rows, weight, bias)

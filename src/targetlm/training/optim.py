@@ -31,7 +31,8 @@ def build_optimizer(config: TrainConfig, parameters, heads=()) -> torch.optim.Op
             groups, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
         )
     kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
-    return kind(groups, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay)
+    beta1, beta2 = config.betas  # two values: targetlm.config.validate refuses others
+    return kind(groups, lr=config.lr, betas=(beta1, beta2), weight_decay=config.weight_decay)
 
 
 class LrSchedule:
