@@ -327,16 +327,35 @@ def load_sharded(step: nn.Module, optimizer: torch.optim.Optimizer, directory: A
     )
 
 
+def _aliases(model: nn.Module) -> dict[str, str]:
+    """The second and later names of a parameter shared under several names (tied weights)
+    mapped to its first name (the one torch's full state dicts keep)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            aliases[name] = first[id(parameter)]
+        else:
+            first[id(parameter)] = name
+    return aliases
+
+
 def full_model_state(step: TrainingStep, processes: Processes) -> dict[str, torch.Tensor]:
     """The model's whole state dict (unsharded, on the CPU) as ``model.state_dict()`` names
-    it, for best.pt (a collective when sharded: rank 0 gets it, the others ``{}``)."""
+    it (a tied weight under each of its names), for best.pt (a collective when sharded: rank 0
+    gets it, the others ``{}``)."""
     model = step.model
     if not processes.sharded:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(model, options=options)
+    state = get_model_state_dict(model, options=options)
+    if state:
+        for alias, name in _aliases(model).items():
+            state[alias] = state[name]
+        state = {name: state[name] for name in model.state_dict() if name in state}
+    return state
 
 
 def load_full_model_state(step: TrainingStep, state: dict, processes: Processes) -> None:
@@ -348,8 +367,14 @@ def load_full_model_state(step: TrainingStep, state: dict, processes: Processes)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, state, options=options)
+    aliases = _aliases(model)
+    state = {name: tensor for name, tensor in state.items() if name not in aliases}
+    # (not strict: a tied weight's other names are the same tensor, loaded with the first)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    result = set_model_state_dict(model, state, options=options)
+    missing = [name for name in result.missing_keys if name not in aliases]
+    if missing:
+        raise RuntimeError(f"the model's state lacks {', '.join(missing)}")
 
 
 # --- the data: each rank's rows ----------------------------------------------------------
