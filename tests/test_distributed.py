@@ -35,6 +35,8 @@ TRANSFORMER_WDR_AL = {
     "train.carry_state": "false",
     "train.optimizer": '"adam"',
     "train.lr": 0.01,
+    # the heads alone first: DDP searches those steps for the frozen body's parameters
+    "train.heads_only_steps": 2,
 }
 
 

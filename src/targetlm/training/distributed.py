@@ -22,6 +22,11 @@ is one DDP knows. It searches the graph for parameters without a gradient
 (``find_unused_parameters``) only where a step may leave some: the heads-only warm-up and
 output layers that declare ``may_leave_parameters_unused`` (GroC's sparse updates).
 
+With ``train.parallel = "fsdp"`` the step is sharded instead (FSDP2, ``fully_shard``; hf
+backbones, per decoder layer: :func:`shard_step`): each rank keeps 1/K of the parameters,
+gradients and optimiser state, every rank evaluates, and checkpoints are torch distributed
+checkpoints beside ``last.pt`` (:func:`save_sharded`), read back with any number of ranks.
+
 The loss is the batch's: every objective averages over scored positions (each N-gram head
 over its own), and ranks may score different numbers of them (translation batches; the last
 row of an N-gram stream), so each rank weighs each head's sum by the batch's count
