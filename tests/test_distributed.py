@@ -35,6 +35,8 @@ TRANSFORMER_WDR_AL = {
     "train.carry_state": "false",
     "train.optimizer": '"adam"',
     "train.lr": 0.01,
+    # the heads alone first: DDP searches those steps for the frozen body's parameters
+    "train.heads_only_steps": 2,
 }
 
 
@@ -119,8 +121,7 @@ def test_translation_weighs_the_ranks_by_their_tokens(tmp_path):
             "eval.beam=1",
         ],
     )
-    trainer = distributed.process_trainer()  # alone: the Trainer
-    one = trainer(config, tmp_path / "one", log=_quiet).train()
+    one = Trainer(config, tmp_path / "one", log=_quiet).train()
     finished = _torchrun(_write(config, tmp_path / "config.toml"), tmp_path / "two")
     assert finished.returncode == 0, finished.stderr
 
@@ -135,20 +136,44 @@ def test_a_batch_the_processes_cannot_share_is_one_clear_error(tmp_path, monkeyp
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(ConfigError, match="data.batch_size = 3 rows cannot be shared by 2"):
-        distributed.DistributedTrainer(tiny_config(**{"data.batch_size": 3}), tmp_path / "run")
+        Trainer(tiny_config(**{"data.batch_size": 3}), tmp_path / "run")
+    assert not tmp_path.joinpath("run").exists()
+    assert not torch.distributed.is_initialized()  # refused before the process group starts
+
+
+def test_more_processes_than_rows_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match="--nproc_per_node 4 is larger than the batch's"):
+        Trainer(tiny_config(**{"data.batch_size": 2}), tmp_path / "run")
     assert not tmp_path.joinpath("run").exists()
 
 
-def test_alone_the_trainer_is_the_single_process_one(monkeypatch):
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    assert distributed.process_trainer() is Trainer
-    assert distributed.is_main_process()
-    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1
-    assert distributed.process_trainer() is Trainer
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "1")
-    assert distributed.process_trainer() is distributed.DistributedTrainer
-    assert not distributed.is_main_process()
+def test_alone_the_processes_are_a_no_op(monkeypatch):
+    for world_size in (None, "1"):  # no torchrun; torchrun --nproc_per_node 1
+        if world_size is None:
+            monkeypatch.delenv("WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("WORLD_SIZE", world_size)
+        processes = distributed.start(tiny_config())
+        assert processes.is_main and processes.world_size == 1 and not processes.several
+        assert processes.sum([2, 3.5]) == [2.0, 3.5]
+        assert processes.broadcast({"ppl": 7.0}) == {"ppl": 7.0}
+        module = torch.nn.Linear(2, 2)
+        assert processes.wrap(module, find_unused_parameters=False) is module
+        batches = [Batch(torch.zeros(4, 2, dtype=torch.long), torch.zeros(4, 2, dtype=torch.long))]
+        assert processes.shard(batches) is batches
+    assert not torch.distributed.is_initialized()
+
+
+def test_the_step_declares_when_it_may_leave_parameters_unused():
+    from targetlm.training.step import TrainingStep
+
+    words = [f"w{i}" for i in range(20)]
+    plain = TrainingStep(None, build_model(model_config("lstm"), words), torch.nn.Identity())
+    assert not plain.may_leave_parameters_unused()
+    plain.model.output.may_leave_parameters_unused = True  # as GroC's sparse updates
+    assert plain.may_leave_parameters_unused()
 
 
 def test_rows_are_shared_in_contiguous_slices_and_short_batches_leave_ranks_empty():

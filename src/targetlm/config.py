@@ -178,6 +178,10 @@ class TrainConfig:
     init_from: str = ""
     device: str = "cpu"
     progress: bool = True  # tqdm progress bar
+    # several processes (torchrun): "ddp" replicates the model in each (DistributedDataParallel);
+    # "fsdp" shards an hf backbone's parameters, gradients and optimiser state over them, per
+    # decoder layer (FSDP2), with sharded checkpoints (torch.distributed.checkpoint)
+    parallel: Literal["ddp", "fsdp"] = "ddp"
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,13 @@ def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> 
     interrupted, with a resumable checkpoint left). Under ``torchrun`` with several
     processes, each is one rank of a data-parallel run (:mod:`targetlm.training.distributed`)
     and rank 0 prints."""
-    from targetlm.training.distributed import is_main_process, process_trainer
+    from targetlm.training import Trainer
 
-    trainer = process_trainer()(config, run_dir, resume=resume, log=lambda m: print(m, flush=True))
+    trainer = Trainer(config, run_dir, resume=resume, log=lambda m: print(m, flush=True))
     results = trainer.train()
     if results.get("interrupted"):
         return 130
-    if not is_main_process():
+    if not trainer.processes.is_main:
         return 0
     print(f"test perplexity: {results['test']['ppl']:.2f}")
     if "bleu" in results["test"]:

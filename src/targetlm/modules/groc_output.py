@@ -69,6 +69,8 @@ class CompositionalOutput(OutputLayer):
         self.bias_activation = BIAS_ACTIVATIONS[bias_activation]
         self.embedding_dropout = embedding_dropout
         self.update_prob = update_prob
+        # a step that reuses the last E_out leaves the network that composes it untouched
+        self.may_leave_parameters_unused = update_prob < 1
         self.lexicon = lexicon
         self.max_word_length = max_word_length
         self.words = list(words)

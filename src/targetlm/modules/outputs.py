@@ -26,9 +26,14 @@ OUTPUT_LAYERS: Registry[OutputLayer] = Registry(
 
 
 class OutputLayer(nn.Module):
-    """Base class: ``forward() -> (E_out (V, d), b (V,) or None)``; ``embedding_dim`` is d."""
+    """Base class: ``forward() -> (E_out (V, d), b (V,) or None)``; ``embedding_dim`` is d.
+
+    ``may_leave_parameters_unused``: a training step may leave some of its parameters without
+    a gradient (data-parallel training then searches each step's graph for them).
+    """
 
     embedding_dim: int
+    may_leave_parameters_unused: bool = False
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor | None]:  # pragma: no cover
         raise NotImplementedError

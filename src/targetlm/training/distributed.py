@@ -5,38 +5,42 @@ r"""Data-parallel training on several processes (``torchrun``): CPUs with gloo, 
     torchrun --nproc_per_node K -m targetlm train CONFIG [--run-dir DIR] [--resume]
 
 Every process (rank r of K) holds the whole model and reads its share of each batch's rows;
-the gradients of the K shares are averaged before the optimiser step, so the K processes
-take the step one process would take on the whole batch::
+torch's :class:`~torch.nn.parallel.DistributedDataParallel` averages the K shares' gradients
+during backward (bucketed, overlapping the backward pass), so the K processes take the step
+one process would take on the whole batch::
 
     batch (B, T)     rows 0 .. B/K−1 → rank 0 | rows B/K .. 2B/K−1 → rank 1 | ...
     loss             Σ_r (rank r's summed loss) / (the batch's scored positions)
-    gradients        all-reduce (average), bucketed, after backward and before clipping
+    gradients        DDP's all-reduce (average), during backward; none between the
+                     micro-batches of an accumulated step (``no_sync``)
     carried state    each rank carries its rows' encoder state; checkpoints hold the whole
                      batch's state (the same file as one process's: resumable with any K)
 
-Why an explicit all-reduce and not ``torch.nn.parallel.DistributedDataParallel``: the
-trainer's step uses parameters outside ``model.forward`` (the task's ``predict`` runs the
-translation encoder itself, the objective reads ``E_out`` from ``model.output()``, AL reads
-the input embedding) and some steps leave parameters without gradients (GroC's sparse output
-updates, the WDR conjugate); DDP's hooks would need the whole loss inside one ``forward``
-and ``find_unused_parameters``. Averaging the gradients of the optimiser's parameters after
-backward is correct for every component, costs the same bytes, and only gives up the
-overlap of communication with backward.
+DDP wraps the whole step's loss, one module (:class:`~targetlm.training.step.TrainingStep`:
+the task's ``predict``, the output layer, the objective), so every parameter the loss reads
+is one DDP knows. It searches the graph for parameters without a gradient
+(``find_unused_parameters``) only where a step may leave some: the heads-only warm-up and
+output layers that declare ``may_leave_parameters_unused`` (GroC's sparse updates).
+
+With ``train.parallel = "fsdp"`` the step is sharded instead (FSDP2, ``fully_shard``; hf
+backbones, per decoder layer: :func:`shard_step`): each rank keeps 1/K of the parameters,
+gradients and optimiser state, every rank evaluates, and checkpoints are torch distributed
+checkpoints beside ``last.pt`` (:func:`save_sharded`), read back with any number of ranks.
 
 The loss is the batch's: every objective averages over scored positions (each N-gram head
 over its own), and ranks may score different numbers of them (translation batches; the last
-row of an N-gram stream), so each rank weighs each head's mean by its share of the batch's
-positions (:class:`ShardedObjective`); the loss value the trainer sees, logs and checks for
-NaN is the whole batch's, on every rank.
+row of an N-gram stream), so each rank weighs each head's sum by the batch's count
+(:class:`ShardedObjective`); the loss value the trainer sees, logs and checks for NaN is the
+whole batch's, on every rank.
 
-Only rank 0 writes the run directory (config, vocabulary, metrics, checkpoints, results,
-report) and logs; validation runs on rank 0 and its result is broadcast, so the schedule,
-the best model and early stopping agree on every rank; Ctrl-C (which ``torchrun`` passes to
-every worker) stops all ranks after the same step. All ranks draw from the same random
-streams (the same seed, restored from ``last.pt``): random decisions shared by the model
-(GroC's sparse updates) agree and resume is exact, and rank r's rows get the dropout masks
-rank 0's rows get. FSDP (sharded parameters for models larger than one device) is not
-implemented: every rank holds the whole model.
+The trainer is the single-process one; it asks its :class:`Processes` (one process: a no-op)
+who writes (``is_main``), for sums and broadcasts. Only rank 0 writes the run directory
+(config, vocabulary, metrics, checkpoints, results, report) and logs; validation runs on
+rank 0 and its result is broadcast, so the schedule, the best model and early stopping agree
+on every rank; Ctrl-C (which ``torchrun`` passes to every worker) stops all ranks after the
+same step. All ranks draw from the same random streams (the same seed, restored from
+``last.pt``): random decisions shared by the model (GroC's sparse updates) agree and resume is
+exact, and rank r's rows get the dropout masks rank 0's rows get.
 """
 
 from __future__ import annotations
@@ -46,22 +50,21 @@ import datetime
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, overload
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 from targetlm.config import Config
 from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.objectives import LossOutput, NgramLoss
 from targetlm.registry import ConfigError
-from targetlm.tasks import Batch, Task, build_task
-from targetlm.training.trainer import Trainer
+from targetlm.tasks import Batch, build_task
+from targetlm.training.step import TrainingStep
 
-BUCKET_BYTES = 25 * 2**20  # gradients all-reduced per ~25 MiB flat buffer (DDP's default)
 # rank 0 alone validates and writes checkpoints while the others wait in a collective
 TIMEOUT = datetime.timedelta(hours=1)
 
@@ -90,95 +93,293 @@ class Ranks:
         return cls(rank, world_size, int(os.environ.get("LOCAL_RANK", rank)))
 
 
-def launched() -> bool:
-    """Whether this process is one of several started by ``torchrun`` (``WORLD_SIZE`` > 1)."""
-    return Ranks.from_environment() is not None
+class Processes:
+    """The processes of a run, as the trainer asks them: whether this one writes
+    (``is_main``), sums and broadcasts over them, its share of the batches, the DDP wrapper
+    of the step. One process (``Processes()``): every method is a no-op, the trainer runs as
+    it always did. Every rank must call the collectives in the same order."""
 
-
-def is_main_process() -> bool:
-    """True for rank 0 of a distributed run and for a single process."""
-    ranks = Ranks.from_environment()
-    return ranks is None or ranks.main
-
-
-class Collectives:
-    """The few collectives training needs, on ``device`` (the CPU for gloo, this rank's GPU
-    for NCCL); every rank must call them in the same order."""
-
-    def __init__(self, ranks: Ranks, device: torch.device) -> None:
+    def __init__(
+        self,
+        ranks: Ranks | None = None,
+        device: torch.device | None = None,
+        owns_group: bool = False,
+        parallel: str = "ddp",
+    ) -> None:
         self.ranks = ranks
-        self.device = device
+        self.device = device or torch.device("cpu")
+        self.owns_group = owns_group
+        self.parallel = parallel  # train.parallel: "ddp" or "fsdp"
 
+    @property
+    def world_size(self) -> int:
+        return 1 if self.ranks is None else self.ranks.world_size
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.ranks is None else self.ranks.rank
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0, or the only process: the one that writes and logs."""
+        return self.rank == 0
+
+    @property
+    def several(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def sharded(self) -> bool:
+        """The parameters are sharded over several processes (FSDP2): every rank takes part
+        in every forward (evaluation included) and in every checkpoint."""
+        return self.several and self.parallel == "fsdp"
+
+    # --- collectives -----------------------------------------------------------------------
     def sum(self, values: Sequence[float]) -> list[float]:
-        """The element-wise sum of ``values`` over the ranks (float64)."""
+        """The element-wise sum of ``values`` over the processes (float64)."""
+        if not self.several:
+            return [float(v) for v in values]
         tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor)
         return tensor.tolist()
 
     def any(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on some rank."""
+        """Whether ``flag`` is true in some process."""
         return self.sum([float(flag)])[0] > 0
 
     def broadcast(self, value: Any) -> Any:
-        """Rank 0's ``value`` (any picklable object) on every rank."""
+        """Rank 0's ``value`` (any picklable object) in every process."""
+        if not self.several:
+            return value
         holder = [value]
         dist.broadcast_object_list(holder, src=0, device=self.device)
         return holder[0]
 
     def all_gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value`` (picklable), in rank order."""
-        gathered: list[Any] = [None] * self.ranks.world_size
+        """Every process's ``value`` (picklable), in rank order."""
+        if not self.several:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, value)
         return gathered
 
-    def broadcast_module(self, module: nn.Module) -> None:
-        """Overwrite ``module``'s parameters and buffers with rank 0's."""
-        with torch.no_grad():
-            for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.data, src=0)
+    def barrier(self) -> None:
+        if self.several:
+            dist.barrier()
 
-    def average_gradients(self, parameters: Sequence[nn.Parameter]) -> None:
-        """Replace each parameter's gradient by its mean over the ranks (flat buckets of
-        ``BUCKET_BYTES``). A parameter without a gradient on some ranks gets zeros there
-        (its gradient on the whole batch exists); one without a gradient anywhere keeps
-        ``None``, as in one process (so the optimiser skips it the same way)."""
-        flags = torch.tensor(
-            [p.grad is not None for p in parameters], dtype=torch.float32, device=self.device
+    # --- the data and the step ---------------------------------------------------------------
+    def shard(self, batches: Sequence[Batch]) -> Sequence[Batch]:
+        """This process's rows of ``batches`` (:func:`shard_rows`); one process: all of them."""
+        if not self.several:
+            return batches
+        return ShardedBatches(batches, self.rank, self.world_size)
+
+    def wrap(self, step: TrainingStep, find_unused_parameters: bool) -> nn.Module:
+        """``step`` (the whole step's loss) under DDP; one process: ``step`` itself. DDP
+        broadcasts rank 0's parameters and buffers here, so every rank starts alike. With
+        ``train.parallel = "fsdp"``: ``step`` sharded in place (:func:`shard_step`)."""
+        if not self.several:
+            return step
+        if self.sharded:
+            return shard_step(step)
+        return DistributedDataParallel(
+            step,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=False,  # the ranks compute the same buffers
         )
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        gradients = []
-        for parameter, has_gradient in zip(parameters, flags.tolist()):
-            if not has_gradient:
-                continue
-            if parameter.grad is None:
-                parameter.grad = torch.zeros_like(parameter)
-            elif parameter.grad.is_sparse:
-                raise RuntimeError("distributed training averages dense gradients only")
-            gradients.append(parameter.grad)
-        for bucket in _buckets(gradients, BUCKET_BYTES):
-            flat = _flatten_dense_tensors(bucket)
-            dist.all_reduce(flat)
-            flat /= self.ranks.world_size
-            for gradient, averaged in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                gradient.copy_(averaged)
+
+    @staticmethod
+    def accumulating(wrapped: nn.Module, final: bool) -> contextlib.AbstractContextManager:
+        """The context of a micro-batch's forward and backward: without DDP's all-reduce
+        (``no_sync``) or FSDP's reduce-scatter unless it is the step's ``final`` one."""
+        if isinstance(wrapped, FSDPModule):
+            wrapped.set_requires_gradient_sync(final)
+            return contextlib.nullcontext()
+        if final or not isinstance(wrapped, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return wrapped.no_sync()
+
+    @contextlib.contextmanager
+    def whole(self, step: nn.Module) -> Iterator[None]:
+        """With the sharded step's own parameters (embeddings, heads, output layer) gathered,
+        so that its model can be called outside ``step.forward`` (evaluation; each decoder
+        layer gathers its own); a no-op unless sharded. Every rank must enter it."""
+        if not isinstance(step, FSDPModule):
+            yield
+            return
+        step.unshard()
+        try:
+            yield
+        finally:
+            step.reshard()
+
+    def close(self) -> None:
+        """End the process group this object started (none otherwise)."""
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_group = False
 
 
-def _buckets(tensors: Sequence[torch.Tensor], max_bytes: int) -> Iterator[list[torch.Tensor]]:
-    """Consecutive runs of ``tensors`` of one dtype and device, up to ``max_bytes`` each."""
-    bucket: list[torch.Tensor] = []
-    size = 0
-    for tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and (
-            size + nbytes > max_bytes
-            or (tensor.dtype, tensor.device) != (bucket[0].dtype, bucket[0].device)
-        ):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append(tensor)
-        size += nbytes
-    if bucket:
-        yield bucket
+def start(config: Config) -> Processes:
+    """The processes of this run: alone (no ``WORLD_SIZE``, or 1), ``Processes()``; under
+    ``torchrun``, this rank of a process group (gloo for the CPU, NCCL for ``train.device =
+    "cuda"``, this rank's GPU ``cuda:LOCAL_RANK``), started here unless the caller started it.
+
+    Raises:
+        ConfigError: a configuration several processes cannot train (checked before the
+            process group starts and before anything is written).
+    """
+    ranks = Ranks.from_environment()
+    if ranks is None:
+        return Processes()
+    device = torch.device(config.train.device)
+    if device.type == "cuda" and device.index is not None:
+        raise ConfigError(
+            f"train.device = {config.train.device!r}: under torchrun use 'cuda' "
+            "(each process takes the GPU cuda:LOCAL_RANK)"
+        )
+    batch_size, world_size = config.data.batch_size, ranks.world_size
+    if not build_task(config).conditional:  # a stream's B rows are shared equally
+        if batch_size < world_size:
+            raise ConfigError(
+                f"--nproc_per_node {world_size} is larger than the batch's data.batch_size = "
+                f"{batch_size} rows: every process needs rows; use at most {batch_size} "
+                "processes or a larger batch"
+            )
+        if batch_size % world_size:
+            raise ConfigError(
+                f"data.batch_size = {batch_size} rows cannot be shared by {world_size} "
+                f"processes: use a multiple of {world_size}"
+            )
+    if config.train.parallel == "fsdp" and config.model.backbone.kind != "hf":
+        raise ConfigError(
+            "train.parallel = 'fsdp' shards hf backbones (model.backbone.kind = 'hf') by "
+            "decoder layer; train this model with train.parallel = 'ddp'"
+        )
+    if config.train.gradient_diversity_every:
+        raise ConfigError("train.gradient_diversity_every: measured in single-process runs only")
+    owns_group = not dist.is_initialized()
+    if device.type == "cuda":
+        torch.cuda.set_device(ranks.local_rank)
+        device = torch.device("cuda", ranks.local_rank)
+    if owns_group:
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            rank=ranks.rank,
+            world_size=ranks.world_size,
+            timeout=TIMEOUT,
+        )
+    return Processes(ranks, device, owns_group, config.train.parallel)
+
+
+# --- FSDP2: an hf backbone sharded by decoder layer ----------------------------------------------
+def decoder_layers(model: LanguageModel) -> list[nn.Module]:
+    """The decoder layers of ``model``'s hf backbone (Llama's ``layers``, GPT-Neo's ``h``: the
+    base model's one list of blocks)."""
+    from targetlm.modules.hf import HfEncoder
+
+    encoder = model.encoder
+    if not isinstance(encoder, HfEncoder):
+        raise ConfigError("train.parallel = 'fsdp' needs an hf backbone (model.backbone.kind)")
+    lists = [child for child in encoder.body.children() if isinstance(child, nn.ModuleList)]
+    if len(lists) != 1:
+        raise ConfigError(
+            f"train.parallel = 'fsdp': cannot find the decoder layers of a "
+            f"{type(encoder.body).__name__} ({len(lists)} module lists)"
+        )
+    return list(lists[0])
+
+
+def shard_step(step: TrainingStep) -> TrainingStep:
+    """Shard ``step`` (a :class:`~targetlm.training.step.TrainingStep`) with FSDP2, in place:
+    each decoder layer its own unit (gathered for its forward and backward only, as torchtune
+    and torchtitan shard them), the rest (embeddings, heads, output layer, objective) the
+    root's. Parameters become DTensors: build the optimiser after this."""
+    for layer in decoder_layers(step.model):
+        fully_shard(layer)
+    fully_shard(step)
+    return step
+
+
+def sharded_checkpoint_name(step: int) -> str:
+    """The directory (beside last.pt) of the sharded model and optimiser of step ``step``."""
+    return f"last-step{step}.dcp"
+
+
+def save_sharded(step: nn.Module, optimizer: torch.optim.Optimizer, directory: Any) -> None:
+    """Write ``step``'s parameters and ``optimizer``'s state to ``directory`` with torch
+    distributed checkpoint: every rank its shards (a collective; with one process, the whole).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(step, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory)
+
+
+def load_sharded(step: nn.Module, optimizer: torch.optim.Optimizer, directory: Any) -> None:
+    """Read what :func:`save_sharded` wrote into ``step`` and ``optimizer``, resharded for
+    this run's processes (another number of processes than the writer's reads it too)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(step, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(
+        step, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+
+
+def _aliases(model: nn.Module) -> dict[str, str]:
+    """The second and later names of a parameter shared under several names (tied weights)
+    mapped to its first name (the one torch's full state dicts keep)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if id(parameter) in first:
+            aliases[name] = first[id(parameter)]
+        else:
+            first[id(parameter)] = name
+    return aliases
+
+
+def full_model_state(step: TrainingStep, processes: Processes) -> dict[str, torch.Tensor]:
+    """The model's whole state dict (unsharded, on the CPU) as ``model.state_dict()`` names
+    it (a tied weight under each of its names), for best.pt (a collective when sharded: rank 0
+    gets it, the others ``{}``)."""
+    model = step.model
+    if not processes.sharded:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    if state:
+        for alias, name in _aliases(model).items():
+            state[alias] = state[name]
+        state = {name: state[name] for name in model.state_dict() if name in state}
+    return state
+
+
+def load_full_model_state(step: TrainingStep, state: dict, processes: Processes) -> None:
+    """Load a whole state dict (best.pt's, read by rank 0; the others pass ``{}``) into the
+    model, sharded as it is."""
+    model = step.model
+    if not processes.sharded:
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    aliases = _aliases(model)
+    state = {name: tensor for name, tensor in state.items() if name not in aliases}
+    # (not strict: a tied weight's other names are the same tensor, loaded with the first)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    result = set_model_state_dict(model, state, options=options)
+    missing = [name for name in result.missing_keys if name not in aliases]
+    if missing:
+        raise RuntimeError(f"the model's state lacks {', '.join(missing)}")
 
 
 # --- the data: each rank's rows ----------------------------------------------------------
@@ -234,18 +435,18 @@ class ShardedObjective(nn.Module):
     logs and checks what one process would.
     """
 
-    def __init__(self, objective: NgramLoss, collectives: Collectives) -> None:
+    def __init__(self, objective: NgramLoss, processes: Processes) -> None:
         super().__init__()
         self.objective = objective
-        self.collectives = collectives
+        self.processes = processes
         self.lookahead = objective.lookahead
         self.totals: list[float] = []  # the last step's whole-batch counts per head
         objective.count_divisors = self.divisors
 
     def divisors(self, counts: list[int]) -> list[float]:
         """C_n / K for this rank's counts c_n^r (an all-reduce: every rank calls it)."""
-        self.totals = self.collectives.sum(counts)
-        return [total / self.collectives.ranks.world_size for total in self.totals]
+        self.totals = self.processes.sum(counts)
+        return [total / self.processes.world_size for total in self.totals]
 
     def forward(
         self,
@@ -255,8 +456,8 @@ class ShardedObjective(nn.Module):
         bias: torch.Tensor | None,
     ) -> LossOutput:
         out = self.objective(prediction, targets, weight, bias)
-        world_size = self.collectives.ranks.world_size
-        loss_sum, nll_sum = self.collectives.sum([out.loss.item(), float(out.nll_sum)])
+        world_size = self.processes.world_size
+        loss_sum, nll_sum = self.processes.sum([out.loss.item(), float(out.nll_sum)])
         # the value of the whole batch's loss, the gradient of this rank's share
         loss = out.loss + (loss_sum / world_size - out.loss.detach())
         return LossOutput(loss, torch.tensor(nll_sum, dtype=torch.float64), int(self.totals[0]))
@@ -304,10 +505,10 @@ def state_batch_dims(model: LanguageModel, device: torch.device) -> list[int]:
     return dims
 
 
-def gather_state(state: Any, dims: list[int], collectives: Collectives) -> Any:
+def gather_state(state: Any, dims: list[int], processes: Processes) -> Any:
     """The whole batch's state from every rank's rows (on the CPU, on every rank)."""
     local = [leaf.detach().cpu() for leaf in _leaves(state)]
-    gathered = collectives.all_gather(local)
+    gathered = processes.all_gather(local)
     joined = [torch.cat(parts, dim) for parts, dim in zip(zip(*gathered), dims)]
     return _rebuild(state, iter(joined))
 
@@ -319,191 +520,3 @@ def shard_state(state: Any, dims: list[int], rank: int, world_size: int) -> Any:
         for leaf, dim in zip(_leaves(state), dims)
     ]
     return _rebuild(state, iter(leaves))
-
-
-# --- the trainer -----------------------------------------------------------------------------
-def _silent(message: str) -> None:
-    pass
-
-
-class DistributedTraining:
-    """Mixin before :class:`~targetlm.training.trainer.Trainer` (or a subclass) that makes
-    it one rank of a ``torchrun`` job (see the module docstring); a process group already
-    initialised by the caller is used as it is, otherwise one is started (gloo for the CPU,
-    NCCL for ``train.device = "cuda"``, this rank's GPU ``cuda:LOCAL_RANK``) and ended
-    after training."""
-
-    # attributes of the Trainer this class is mixed into
-    config: Config
-    task: Task
-    run_dir: Path
-    device: torch.device
-    model: LanguageModel
-    objective: nn.Module
-    optimizer: torch.optim.Optimizer
-    state: Any
-    step: int
-    stop_requested: bool
-
-    def __init__(
-        self, config: Config, run_dir: str | Path, resume: bool = False, log: Any = print
-    ) -> None:
-        ranks = Ranks.from_environment()
-        if ranks is None:
-            raise RuntimeError("distributed training needs torchrun's RANK and WORLD_SIZE (> 1)")
-        self.ranks = ranks
-        device = torch.device(config.train.device)
-        if device.type == "cuda" and device.index is not None:
-            raise ConfigError(
-                f"train.device = {config.train.device!r}: under torchrun use 'cuda' "
-                "(each process takes the GPU cuda:LOCAL_RANK)"
-            )
-        # a stream's B rows are shared equally; sentence pairs as evenly as they go
-        batch_size, world_size = config.data.batch_size, ranks.world_size
-        if not build_task(config).conditional and (batch_size % world_size):
-            raise ConfigError(
-                f"data.batch_size = {batch_size} rows cannot be shared by {world_size} "
-                f"processes: use a multiple of {world_size}"
-            )
-        if config.train.gradient_diversity_every:
-            raise ConfigError(
-                "train.gradient_diversity_every: measured in single-process runs only"
-            )
-        self.owns_process_group = not dist.is_initialized()
-        if device.type == "cuda":
-            torch.cuda.set_device(ranks.local_rank)
-            device = torch.device("cuda", ranks.local_rank)
-        if self.owns_process_group:
-            dist.init_process_group(
-                "nccl" if device.type == "cuda" else "gloo",
-                rank=ranks.rank,
-                world_size=ranks.world_size,
-                timeout=TIMEOUT,
-            )
-        self.collectives = Collectives(ranks, device)
-        self._interrupted = False
-        self._shared_evaluation = True  # validation while training; finish() is rank 0's
-        self._state_dims: list[int] | None = None
-        if not ranks.main:  # one progress bar, one log
-            config, log = config.replace(["train.progress=false"]), _silent
-        try:
-            super().__init__(config, run_dir, resume, log)  # type: ignore[call-arg]
-        except Exception:
-            self._end_process_group()
-            raise
-        dist.barrier()  # every rank has checked the run directory before rank 0 writes to it
-
-    # --- setup and data ------------------------------------------------------------------
-    def _setup(self) -> None:
-        super()._setup()  # type: ignore[misc]
-        self.device = self.collectives.device
-        self.collectives.broadcast_module(self.model)  # the same initial weights everywhere
-        self.collectives.broadcast_module(self.objective)
-        if not isinstance(self.objective, NgramLoss):
-            raise ConfigError(
-                f"task.kind = {self.config.task.kind!r}: its loss is not shared by rows across "
-                "processes yet; train it in one process"
-            )
-        self.objective = ShardedObjective(self.objective, self.collectives)
-
-    def _training_batches(self) -> Any:
-        batches = super()._training_batches()  # type: ignore[misc]
-        return ShardedBatches(batches, self.ranks.rank, self.ranks.world_size)
-
-    # --- the step --------------------------------------------------------------------------
-    def _synchronise_gradients(self) -> None:
-        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.collectives.average_gradients(parameters)
-
-    def train_step(self, batch: Batch, lr: float) -> tuple[float, int]:
-        result = super().train_step(batch, lr)  # type: ignore[misc]
-        # the loop checks stop_requested before the next step: the same decision everywhere
-        self.stop_requested = self.collectives.any(self._interrupted)
-        return result
-
-    def _on_interrupt(self, signum: int, frame: Any) -> None:
-        # torchrun passes Ctrl-C on to every worker, which the terminal has already
-        # signalled: a repeat is not a second Ctrl-C (torchrun kills the workers after 30 s)
-        self._interrupted = True
-
-    def _evaluate(self, split: str) -> dict[str, Any]:
-        if not self._shared_evaluation:
-            return super()._evaluate(split)  # type: ignore[misc]
-        result = super()._evaluate(split) if self.ranks.main else None  # type: ignore[misc]
-        return self.collectives.broadcast(result)
-
-    # --- the run directory: rank 0's -------------------------------------------------------
-    def _start_run_dir(self) -> None:
-        if self.ranks.main:
-            super()._start_run_dir()  # type: ignore[misc]
-
-    def _write_metrics(self, record: dict[str, Any]) -> None:
-        if self.ranks.main:
-            super()._write_metrics(record)  # type: ignore[misc]
-
-    def _forget_later_metrics(self, count: int | None) -> None:
-        if self.ranks.main:
-            super()._forget_later_metrics(count)  # type: ignore[misc]
-
-    @contextlib.contextmanager
-    def _hold_run_dir(self) -> Iterator[None]:
-        if not self.ranks.main:  # rank 0 holds the lock for the job
-            yield
-            return
-        with super()._hold_run_dir():  # type: ignore[misc]
-            yield
-
-    def _save_best(self, valid_ppl: float) -> None:
-        if self.ranks.main:
-            super()._save_best(valid_ppl)  # type: ignore[misc]
-
-    def _state_rows(self) -> list[int]:
-        if self._state_dims is None:
-            self._state_dims = state_batch_dims(self.model, self.device)
-        return self._state_dims
-
-    def _checkpoint(self) -> None:
-        # the whole batch's state, as one process would save it (a collective: every rank)
-        local = self.state
-        whole = None if local is None else gather_state(local, self._state_rows(), self.collectives)
-        if self.ranks.main:
-            self.state = whole
-            try:
-                super()._checkpoint()  # type: ignore[misc]
-            finally:
-                self.state = local
-
-    def _restore(self) -> None:
-        super()._restore()  # type: ignore[misc]
-        if self.state is not None:
-            rows = self._state_rows()
-            self.state = shard_state(self.state, rows, self.ranks.rank, self.ranks.world_size)
-
-    # --- the end -------------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
-        try:
-            return super().train()  # type: ignore[misc]
-        finally:
-            self._end_process_group()
-
-    def _end_process_group(self) -> None:
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-
-    def finish(self) -> dict[str, Any]:
-        """Rank 0 evaluates and writes the results (the others return ``{"rank", "steps"}``
-        at once)."""
-        self._shared_evaluation = False
-        if not self.ranks.main:
-            return {"rank": self.ranks.rank, "steps": self.step}
-        return super().finish()  # type: ignore[misc]
-
-
-class DistributedTrainer(DistributedTraining, Trainer):
-    """:class:`~targetlm.training.trainer.Trainer` as one rank of a ``torchrun`` job."""
-
-
-def process_trainer() -> type[Trainer]:
-    """The trainer class of this process, for every task: :class:`~targetlm.training.Trainer`
-    when it runs alone, :class:`DistributedTrainer` under ``torchrun`` with several processes."""
-    return DistributedTrainer if launched() else Trainer

@@ -10,6 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
+from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:
     from targetlm.config import TrainConfig
@@ -114,6 +115,8 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     """
     parameters = [p for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    if isinstance(norm, DTensor):  # sharded gradients (FSDP): the norm over every shard
+        norm = norm.full_tensor()
     if norm > max_norm:
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
     return norm

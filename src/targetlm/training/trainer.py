@@ -1,4 +1,5 @@
-"""The training loop: one loop for every encoder, output layer and objective.
+"""The training loop: one loop for every encoder, output layer and objective, in one
+process or as one rank of a ``torchrun`` job (:mod:`targetlm.training.distributed`).
 
 Exact resume: ``last.pt`` holds everything the next step depends on (model,
 optimiser, schedule, position in the epoch, carried encoder state, RNG states),
@@ -12,6 +13,7 @@ import contextlib
 import json
 import math
 import random
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -32,11 +34,13 @@ from targetlm.files import DiskFullError, atomic_write, disk_full
 from targetlm.inference.evaluate import perplexity
 from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
-from targetlm.objectives import build_objective
+from targetlm.objectives import NgramLoss, build_objective
+from targetlm.registry import ConfigError
 from targetlm.rundir import RunDirError
 from targetlm.tasks import Batch, Task, TaskData, build_task
-from targetlm.training import finetune
+from targetlm.training import distributed, finetune
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
+from targetlm.training.step import TrainingStep
 
 # keys a resumed run may change: the budget and cosmetics, never the model or the data
 RESUMABLE_CHANGES = {
@@ -59,7 +63,12 @@ BEFORE_FIRST_CHECKPOINT = {runs.CONFIG, runs.VOCAB, runs.TOKENIZER, runs.METRICS
 def _changed_keys(saved: dict, current: dict) -> set[str]:
     """The keys of two configs (as dicts) whose values differ, beyond RESUMABLE_CHANGES."""
     saved, current = _flatten(saved), _flatten(current)
-    changed = {key for key in saved.keys() | current.keys() if saved.get(key) != current.get(key)}
+    defaults = _flatten(Config().to_dict())
+    changed = {
+        key
+        for key in saved.keys() | current.keys()
+        if saved.get(key, defaults.get(key)) != current.get(key, defaults.get(key))
+    }  # (a key added since the saved config was written is its default there)
     return changed - RESUMABLE_CHANGES
 
 
@@ -76,7 +85,13 @@ def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
 
 class Trainer:
     """Train ``config`` in ``run_dir`` (new and empty, or resumed with ``resume=True``);
-    with ``train.init_from``, finetune that run (:mod:`targetlm.training.finetune`)."""
+    with ``train.init_from``, finetune that run (:mod:`targetlm.training.finetune`).
+
+    Under ``torchrun`` with several processes, each process's trainer is one rank of a
+    data-parallel run: ``self.processes`` (:class:`~targetlm.training.distributed.Processes`,
+    a no-op alone) says who writes and sums and broadcasts what the ranks must agree on; a
+    process group it starts ends with :meth:`train`.
+    """
 
     def __init__(
         self,
@@ -87,17 +102,27 @@ class Trainer:
     ) -> None:
         builders.validate(config)  # every component's options, before any work starts
         builders.check_device(config)
+        self.processes = distributed.start(config)
+        if not self.processes.is_main:  # one progress bar, one log
+            config, log = config.replace(["train.progress=false"]), _silent
         self.config = config
         self.run_dir = Path(run_dir)
         self.resume = resume
         self.log = log
         self.stop_requested = False
+        self._interrupted = False  # Ctrl-C seen by this rank (several processes)
         self.checkpoint_step: int | None = None  # the step last.pt holds (None: none yet)
         self.metrics_records = 0  # records in metrics.jsonl (last.pt keeps their count)
         # the losses not yet checked for NaN, with their steps (:meth:`_check_finite`)
         self._unchecked_losses: list[tuple[int, torch.Tensor]] = []
-        rundir.check_unlocked(self.run_dir)
-        self._check_run_dir()
+        self._state_dims: list[int] | None = None  # the carried state's row dimensions
+        try:
+            rundir.check_unlocked(self.run_dir)
+            self._check_run_dir()
+        except Exception:
+            self.processes.close()
+            raise
+        self.processes.barrier()  # every rank has checked the run directory before rank 0 writes
 
     # --- the run directory ------------------------------------------------------------
     def _check_run_dir(self) -> None:
@@ -167,6 +192,9 @@ class Trainer:
     def _hold_run_dir(self) -> Any:
         """Hold the run directory's lock while training: checked again under it, stale
         temporary files removed. (Under ``torchrun`` rank 0 alone holds it.)"""
+        if not self.processes.is_main:
+            yield
+            return
         with rundir.RunLock(self.run_dir, self.log):
             self._check_run_dir()
             for path in rundir.remove_stale_temporaries(self.run_dir):
@@ -192,7 +220,9 @@ class Trainer:
             torch.set_num_threads(c.train.threads)
         torch.manual_seed(c.train.seed)
         random.seed(c.train.seed)
-        self.device = torch.device(c.train.device)
+        self.device = (
+            self.processes.device if self.processes.several else torch.device(c.train.device)
+        )
         self.task: Task = build_task(c)
         source = self._load_data()
         self.model = build_model(c.model, self.vocab.itos).to(self.device)
@@ -209,8 +239,23 @@ class Trainer:
         self.lookahead = objective.lookahead
         # what the step minimises: the objective, or the task's loss around it (diffusion)
         self.objective = self.task.training_objective(objective, self.model).to(self.device)
+        if self.processes.several:
+            if not isinstance(self.objective, NgramLoss):
+                raise ConfigError(
+                    f"task.kind = {c.task.kind!r}: its loss is not shared by rows across "
+                    "processes yet; train it in one process"
+                )
+            self.objective = distributed.ShardedObjective(self.objective, self.processes)
         self.task.prepare(self.data, c, self.model, self.log)
         self.batches = self._training_batches()
+        # the step's loss, one module: under DDP with several processes (which broadcasts
+        # rank 0's initial weights), itself alone
+        self.step_module = TrainingStep(self.task, self.model, self.objective)
+        self.trainable = self.processes.wrap(
+            self.step_module,
+            find_unused_parameters=bool(c.train.heads_only_steps)
+            or self.step_module.may_leave_parameters_unused(),
+        )
         heads = [] if self.model.heads is None else list(self.model.heads.parameters())
         self.optimizer = build_optimizer(
             c.train, list(self.model.parameters()) + list(self.objective.parameters()), heads
@@ -245,14 +290,33 @@ class Trainer:
         return source
 
     def _training_batches(self) -> Any:
-        return self.task.training_batches(self.data, self.config, self.lookahead)
+        """The task's training batches; with several processes, this rank's rows of them."""
+        batches = self.task.training_batches(self.data, self.config, self.lookahead)
+        if self.processes.several and self.task.conditional and len(batches):
+            rows = max(batch.inputs.size(0) for batch in batches)
+            if rows < self.processes.world_size:
+                raise ConfigError(
+                    f"--nproc_per_node {self.processes.world_size} is larger than the training "
+                    f"batches' rows (at most {rows}): every process needs rows; use at most "
+                    f"{rows} processes or a larger data.max_tokens"
+                )
+        return self.processes.shard(batches)
 
     def _evaluate(self, split: str) -> dict[str, Any]:
         """The task's figures of the model on ``split`` ("valid" or "test"): at least
-        ``nll`` and ``ppl``."""
-        return self.task.evaluate(
-            self.model, self.data, split, self.objective, self.config, self.device
-        )
+        ``nll`` and ``ppl``. With several processes, rank 0 evaluates and every rank gets
+        its figures (the schedule and early stopping agree)."""
+        if self.processes.sharded:  # every rank holds a share of the model: all evaluate
+            with self.processes.whole(self.step_module):
+                return self.task.evaluate(
+                    self.model, self.data, split, self.objective, self.config, self.device
+                )
+        result = None
+        if self.processes.is_main:
+            result = self.task.evaluate(
+                self.model, self.data, split, self.objective, self.config, self.device
+            )
+        return self.processes.broadcast(result)
 
     def _split_results(self, split: str) -> dict[str, Any]:
         """The final figures of ``split`` in results.json (the task's)."""
@@ -261,6 +325,8 @@ class Trainer:
         )
 
     def _start_run_dir(self) -> None:
+        if not self.processes.is_main:
+            return
         if self.resume:
             self.log(f"{self.run_dir}: no checkpoint yet: starting from step 0")
         elif (self.run_dir / runs.CONFIG).is_file():
@@ -280,10 +346,15 @@ class Trainer:
                 f"{self.run_dir / runs.LAST}: checkpoint vocabulary ({len(saved_vocab)} words) does not "
                 f"match the training data's vocabulary ({len(self.vocab)} words)"
             )
-        runs.load_state_into(
-            self.model, checkpoint["model"], self.vocab, str(self.run_dir / runs.LAST)
-        )
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if "sharded" in checkpoint:  # train.parallel = "fsdp": beside it, any number of ranks
+            distributed.load_sharded(
+                self.step_module, self.optimizer, self.run_dir / checkpoint["sharded"]
+            )
+        else:
+            runs.load_state_into(
+                self.model, checkpoint["model"], self.vocab, str(self.run_dir / runs.LAST)
+            )
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.schedule.load_state_dict(checkpoint["schedule"])
         p = checkpoint["progress"]
         self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
@@ -296,8 +367,12 @@ class Trainer:
         if stopping and self.bad_evaluations >= stopping:  # stopped early, then killed
             self.epoch = self.config.train.epochs + 1
         self.state = checkpoint["state"]
-        if self.state is not None:
+        if self.state is not None:  # the whole batch's: this rank's rows of it
             self.state = _to_device(self.state, self.device)
+            if self.processes.several:
+                self.state = distributed.shard_state(
+                    self.state, self._state_rows(), self.processes.rank, self.processes.world_size
+                )
         for name, module in self._cached_modules():  # e.g. GroC's reused E_out (sparse updates)
             module.load_training_cache(
                 _to_device(checkpoint.get("caches", {}).get(name), self.device)
@@ -311,6 +386,8 @@ class Trainer:
         """Keep the first ``count`` records of metrics.jsonl, those logged before the restored
         checkpoint was written (a checkpoint without the count: those up to its step); the
         rest will be logged again. Rewritten atomically."""
+        if not self.processes.is_main:
+            return
         metrics = self.run_dir / runs.METRICS
         records = rundir.read_metrics(metrics, self.log)
         if count is None:
@@ -325,12 +402,34 @@ class Trainer:
         atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
         self.metrics_records = len(kept)
 
+    def _state_rows(self) -> list[int]:
+        if self._state_dims is None:
+            self._state_dims = distributed.state_batch_dims(self.model, self.device)
+        return self._state_dims
+
     def _checkpoint(self) -> None:
         self._check_finite()
+        state = self.state
+        if self.processes.several and state is not None:  # the whole batch's (every rank)
+            state = distributed.gather_state(state, self._state_rows(), self.processes)
+        weights: dict[str, Any] = {}
+        if self.config.train.parallel == "fsdp":
+            # the model and optimiser sharded (every rank its shards), beside last.pt
+            weights["sharded"] = distributed.sharded_checkpoint_name(self.step)
+            directory = self.run_dir / weights["sharded"]
+            if self.processes.is_main and directory.exists():  # a write that was cut short
+                shutil.rmtree(directory)
+            self.processes.barrier()
+            distributed.save_sharded(self.step_module, self.optimizer, directory)
+            self.processes.barrier()
+        else:
+            weights = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if not self.processes.is_main:
+            self.checkpoint_step = self.step
+            return
         save_atomic(
             {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
+                **weights,
                 "schedule": self.schedule.state_dict(),
                 "progress": {
                     "epoch": self.epoch,
@@ -342,7 +441,7 @@ class Trainer:
                     "window": (float(self.window_nll), self.window_count),
                     "metrics_records": self.metrics_records,
                 },
-                "state": state_to_list(detach_state(self.state)),
+                "state": state_to_list(detach_state(state)),
                 "rng": {"torch": torch.get_rng_state(), "python": _as_list(random.getstate())},
                 "caches": {name: m.training_cache() for name, m in self._cached_modules()},
                 "vocab": self.vocab.state_dict(),
@@ -351,15 +450,21 @@ class Trainer:
             self.run_dir / runs.LAST,
         )
         self.checkpoint_step = self.step
+        for older in self.run_dir.glob(distributed.sharded_checkpoint_name(0).replace("0", "*")):
+            if older.name != weights.get("sharded"):  # last.pt no longer names it
+                shutil.rmtree(older)
 
     def _cached_modules(self) -> list[tuple[str, nn.Module]]:
         """Modules with training-time state outside their state_dict (``training_cache()``)."""
         return [(n, m) for n, m in self.model.named_modules() if isinstance(m, HasTrainingCache)]
 
     def _save_best(self, valid_ppl: float) -> None:
+        model_state = distributed.full_model_state(self.step_module, self.processes)
+        if not self.processes.is_main:
+            return
         save_atomic(
             {
-                "model": self.model.state_dict(),
+                "model": model_state,
                 "vocab": self.vocab.state_dict(),
                 "config": self.config.to_dict(),
                 "valid_ppl": valid_ppl,
@@ -369,6 +474,8 @@ class Trainer:
         )
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
+        if not self.processes.is_main:
+            return
         rundir.append_metrics(self.run_dir / runs.METRICS, record)
         self.metrics_records += 1
 
@@ -414,23 +521,26 @@ class Trainer:
         micro_batches = batch if isinstance(batch, list) else [batch]
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
-        for batch in micro_batches:
+        # a base model's heads-only steps train nothing: no backward, so no DDP either
+        trains = any(p.requires_grad for p in self.step_module.parameters())
+        step = self.trainable if trains else self.step_module
+        for index, batch in enumerate(micro_batches):
             state = detach_state(self.state) if c.carry_state else None
             batch = batch.to(self.device)
             if c.gradient_diversity_every and (self.step + 1) % c.gradient_diversity_every == 0:
                 self._measure_diversity(batch.inputs, batch.targets, state)
-            with self._autocast():
-                prediction = self.task.predict(self.model, batch, state)
-                weight, bias = self.model.output()
-                out = self.objective(prediction, batch.targets, weight, bias)
-            # checked for NaN at the next record, validation or checkpoint (no host sync here)
-            self._unchecked_losses.append((self.step + 1, out.loss.detach()))
-            scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
-            if out.loss.requires_grad:  # (nothing trains in a base model's heads-only steps)
-                (out.loss * (scale / len(micro_batches))).backward()
-            self.state = prediction.state if c.carry_state else None
+            # gradients are averaged over the processes after the last micro-batch only
+            with self.processes.accumulating(step, final=index == len(micro_batches) - 1):
+                with self._autocast():
+                    out, self.state = step(batch, state, c.carry_state)
+                # checked for NaN at the next record, validation or checkpoint (no host sync)
+                self._unchecked_losses.append((self.step + 1, out.loss.detach()))
+                scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
+                if out.loss.requires_grad:
+                    (out.loss * (scale / len(micro_batches))).backward()
             nll_sum, count = nll_sum + out.nll_sum.detach().double(), count + out.count
-        self._synchronise_gradients()
+        if self.processes.several:  # the loop checks it before the next step: the same everywhere
+            self.stop_requested = self.processes.any(self._interrupted)
         if c.clip > 0:
             clip_gradients(self.model.parameters(), c.clip)
         self.optimizer.step()
@@ -453,10 +563,6 @@ class Trainer:
             f"loss is {float(losses[first])} at step {steps[first]} (epoch {self.epoch}); "
             f"training stopped: {self._kept()}"
         )
-
-    def _synchronise_gradients(self) -> None:
-        """Called after backward, before clipping: a distributed run averages the processes'
-        gradients here (:mod:`targetlm.training.distributed`); one process has nothing to do."""
 
     def _scheduled_lr(self) -> float:
         """The learning rate of the next step. The schedule (warm-up, decay) runs over the steps
@@ -531,6 +637,8 @@ class Trainer:
         except KeyboardInterrupt:
             second = "a second " if self.stop_requested else ""
             raise KeyboardInterrupt(f"stopped by {second}Ctrl-C: {self._kept()}") from None
+        finally:
+            self.processes.close()
 
     def _train(self) -> dict[str, Any]:
         self._setup()
@@ -561,6 +669,11 @@ class Trainer:
         return self.epoch > self.config.train.epochs
 
     def _on_interrupt(self, signum, frame) -> None:
+        if self.processes.several:
+            # torchrun passes Ctrl-C on to every worker, which the terminal has already
+            # signalled: a repeat is not a second Ctrl-C (torchrun kills the workers after 30 s)
+            self._interrupted = True
+            return
         if self.stop_requested:  # a second Ctrl-C: stop now (train() says what is kept)
             raise KeyboardInterrupt
         self.stop_requested = True
@@ -648,14 +761,27 @@ class Trainer:
         return self._elapsed_before + time.perf_counter() - self._session_start
 
     def finish(self) -> dict[str, Any]:
-        """Evaluate the best model on valid and test; write results.json and report.md."""
+        """Evaluate the best model on valid and test; write results.json and report.md (with
+        several processes: rank 0; the others return ``{"rank", "steps"}`` at once)."""
         from targetlm.analysis.report import write_report
 
+        if self.processes.sharded:  # every rank holds a share of the model: all evaluate
+            if self.processes.broadcast((self.run_dir / runs.BEST).is_file()):
+                best = load_checkpoint(self.run_dir / runs.BEST) if self.processes.is_main else {}
+                distributed.load_full_model_state(
+                    self.step_module, best.get("model", {}), self.processes
+                )
+            with self.processes.whole(self.step_module):
+                results = {name: self._split_results(name) for name in ("valid", "test")}
+        if not self.processes.is_main:
+            return {"rank": self.processes.rank, "steps": self.step}
+
         wall_time = self.elapsed
-        if (self.run_dir / runs.BEST).is_file():
-            best = load_checkpoint(self.run_dir / runs.BEST)
-            self.model.load_state_dict(best["model"])
-        results: dict[str, Any] = {name: self._split_results(name) for name in ("valid", "test")}
+        if not self.processes.sharded:
+            if (self.run_dir / runs.BEST).is_file():
+                best = load_checkpoint(self.run_dir / runs.BEST)
+                self.model.load_state_dict(best["model"])
+            results = {name: self._split_results(name) for name in ("valid", "test")}
         results.update(
             params=self.model.parameter_counts(),
             total_params=sum(self.model.parameter_counts().values()),
@@ -670,6 +796,10 @@ class Trainer:
             f"| {results['total_params']:,} parameters | {wall_time:.0f} s | report: {self.run_dir / runs.REPORT}"
         )
         return results
+
+
+def _silent(message: str) -> None:
+    pass
 
 
 def _temporary(name: str) -> bool:
