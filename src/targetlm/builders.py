@@ -87,6 +87,14 @@ def _validate_task(config: Config, task: Any, model: LanguageModel) -> None:
             if task.conditional
             else f"{encoder_kind} reads a source sentence: use task.kind = 'translation', not {kind!r}"
         )
+    if isinstance(encoder, Encoder) and encoder.causal != task.causal:
+        raise ConfigError(
+            f"task.kind = {kind!r} predicts from the past only: {encoder_kind} reads the whole "
+            "sequence (a bidirectional encoder would see the words it predicts)"
+            if task.causal
+            else f"task.kind = {kind!r} reads the whole sequence: {encoder_kind} is causal "
+            "(use a bidirectional encoder, e.g. 'crammed_bert')"
+        )
     if kind == "diffusion":
         beam, classes = task.decode["length_beam"], encoder.num_length_classes
         if beam > classes:

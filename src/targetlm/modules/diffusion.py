@@ -248,6 +248,7 @@ class DiffusionDenoiser(Encoder):
     """
 
     conditional = True
+    causal = False  # every target position reads every other (noised) one
     denoiser = True  # a diffusion denoiser: read by task.kind = "diffusion" only
 
     def __init__(

@@ -34,11 +34,16 @@ class Encoder(nn.Module):
         conditional: True when the encoder reads a source besides the stream (an
             encoder–decoder: its state comes from ``start``, made by the translation task),
             so it cannot run a plain language model.
+        causal: True when output t reads inputs 0..t only (what language modelling and the
+            N-gram ensemble need); False for an encoder that reads the whole sequence (a
+            bidirectional masked-LM encoder, a diffusion denoiser), which only a task that
+            declares ``causal = False`` may run.
     """
 
     output_size: int
     max_context: int | None = None
     conditional: bool = False
+    causal: bool = True
 
 
 class LockedDropout(nn.Module):

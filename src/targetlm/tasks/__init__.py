@@ -5,8 +5,10 @@ every task; a task only says what a :class:`Batch` holds and how the model reads
 """
 
 from targetlm.tasks.base import TASKS, Batch, StreamTask, Task
+from targetlm.tasks.classify import SequenceClassificationTask
 from targetlm.tasks.diffusion import DiffusionTask
 from targetlm.tasks.lm import LanguageModelingTask
+from targetlm.tasks.mlm import MaskedLmTask
 from targetlm.tasks.translation import TranslationTask, pair_batches
 
 __all__ = [
@@ -14,6 +16,8 @@ __all__ = [
     "Batch",
     "DiffusionTask",
     "LanguageModelingTask",
+    "MaskedLmTask",
+    "SequenceClassificationTask",
     "StreamTask",
     "Task",
     "TranslationTask",

@@ -58,10 +58,13 @@ class Task(ABC):
 
     ``conditional``: the task reads a source besides the target stream (translation) and
     needs an encoder that is conditional (``Encoder.conditional``); a stream task needs one
-    that is not.
+    that is not. ``causal``: the task predicts from the past only and needs an encoder whose
+    output t reads inputs 0..t (``Encoder.causal``); a task that declares False (masked LM,
+    classification, diffusion) needs one that reads the whole sequence.
     """
 
     conditional: bool = False
+    causal: bool = True
 
     @abstractmethod
     def predict(

@@ -106,6 +106,7 @@ class DiffusionTask(Task):
     """
 
     conditional = True
+    causal = False
 
     def __init__(
         self,

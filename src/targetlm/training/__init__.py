@@ -13,7 +13,16 @@ from targetlm.training.translation import TranslationTrainer
 
 def trainer_for(config: Config) -> type[Trainer]:
     """The trainer of ``config``'s task: the sentence-pair one for ``translation``, its
-    diffusion subclass for ``diffusion``."""
+    diffusion subclass for ``diffusion``, the masked-block one for ``mlm``, the labelled
+    sentences' one for ``classification``."""
+    if config.task.kind == "mlm":  # data hooks routed to tasks/mlm.py
+        from targetlm.training.mlm import MaskedLmTrainer
+
+        return MaskedLmTrainer
+    if config.task.kind == "classification":  # data hooks routed to tasks/classify.py
+        from targetlm.training.classify import ClassificationTrainer
+
+        return ClassificationTrainer
     if config.task.kind == "diffusion":
         from targetlm.training.diffusion import DiffusionTrainer
 
