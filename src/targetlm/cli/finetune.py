@@ -71,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="TOML",
         help="a partial config applied over the source run's (before --set), e.g. "
-        "configs/mlm-brown-genre.toml: finetune a masked LM for genre classification",
+        "configs/finetune/mlm-brown-genre.toml: finetune a masked LM for genre classification",
     )
     p.add_argument("--run-dir", type=Path, required=True, help="the new run directory")
     p.add_argument("--resume", action="store_true", help="continue the finetuning run exactly")
