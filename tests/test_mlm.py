@@ -340,3 +340,35 @@ def test_cli_pretrains_a_wdr_masked_lm_and_finetunes_a_classifier(tmp_path, caps
     assert "classifier.weight" in body and "heads.mlps.0.0.weight" in source
     name = "encoder.blocks.0.qkv.weight"
     torch.testing.assert_close(body[f"body.{name}"], source[name], atol=2e-3, rtol=0)
+
+
+def test_data_info_glue_counts_the_local_files(tmp_path, capsys):
+    _write_toy_sst2(tmp_path / "SST-2")
+    assert main(["data", "info", "glue", "--dir", str(tmp_path)]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["SST-2"][2:4] == ["8", "8"] and rows["CoLA"][2:4] == ["-", "-"]
+    assert "(no checksum)" in " ".join(rows["QQP"])
+
+
+def test_finetuning_changes_replace_a_component_table_and_merge_the_others():
+    from targetlm.cli.finetune import merge_changes
+
+    source = {
+        "task": {"kind": "mlm", "mask_rate": 0.2},
+        "train": {"lr": 0.001, "seed": 3},
+        "model": {"encoder": {"kind": "crammed_bert", "dropout": 0.0, "num_layers": 2}},
+    }
+    changes = {
+        "task": {"kind": "classification"},
+        "train": {"lr": 4e-5},
+        "model": {"encoder": {"dropout": 0.1}},
+    }
+    merged = merge_changes(source, changes)
+    assert merged["task"] == {"kind": "classification"}
+    assert merged["train"] == {"lr": 4e-5, "seed": 3}
+    assert merged["model"]["encoder"] == {"kind": "crammed_bert", "dropout": 0.1, "num_layers": 2}
+    for preset in ("mlm-wt2-base", "mlm-wt2-wdr-n2", "mlm-wt2-wdr-n3"):  # each finetunes
+        data = config_lib.load(ROOT / "configs" / f"{preset}.toml").to_dict()
+        changes = config_lib.load_table(ROOT / "configs" / "finetune" / "mlm-brown-genre.toml")
+        config = builders.config_from_dict(merge_changes(data, changes))
+        assert config.task.kind == "classification" and config.model.encoder.options["dropout"]

@@ -208,7 +208,35 @@ def _register() -> None:
         "'classification' with task.glue_task); not obtainable on every machine",
         tuple(GLUE_TASKS),
         files=files,
+        describe=describe,
     )
+
+
+def describe(data_dir: str | None) -> list[str]:
+    """``targetlm data info glue``: per task, its metrics, where it comes from and how many
+    examples its local train / dev files hold (``data_dir``/<task>, else the glue directory)."""
+    from targetlm.data.datasets import candidate_dirs
+
+    root = Path(data_dir) if data_dir else candidate_dirs("glue", None)[0]
+    lines = [f"{'task':<7}{'metrics':<19}{'train':>9}{'dev':>8}  source"]
+    for task in GLUE_TASKS.values():
+        counts = []
+        for file in ("train.tsv", task.valid[0]):
+            path = root / task.name / file
+            if task.labels is None or not path.is_file():
+                counts.append("-")
+            else:
+                try:
+                    counts.append(f"{len(read_glue_split(task, path)[1]):,}")
+                except DataError:
+                    counts.append("bad")
+        checked = "sha256" if all(r.sha256 for r in task.files) else "no checksum"
+        lines.append(
+            f"{task.name:<7}{'/'.join(task.metrics):<19}{counts[0]:>9}{counts[1]:>8}  "
+            f"{task.files[0].url} ({checked})"
+        )
+    lines.append(f"local files: {root}/<task>/ ('-': absent, or a regression task: not read)")
+    return lines
 
 
 _register()

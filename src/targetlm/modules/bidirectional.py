@@ -127,8 +127,8 @@ class CrammedBertEncoder(Encoder):
             BidirectionalBlock(d, num_heads, ff_size, dropout, norm_eps) for _ in range(num_layers)
         )
         self.final_norm = nn.LayerNorm(d, eps=norm_eps)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
+        for module in self.modules():  # (a meta tensor, built to check options, has no values)
+            if isinstance(module, nn.Linear) and not module.weight.is_meta:
                 nn.init.normal_(module.weight, std=init_std)
 
     def forward(
