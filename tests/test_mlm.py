@@ -372,3 +372,38 @@ def test_finetuning_changes_replace_a_component_table_and_merge_the_others():
         changes = config_lib.load_table(ROOT / "configs" / "finetune" / "mlm-brown-genre.toml")
         config = builders.config_from_dict(merge_changes(data, changes))
         assert config.task.kind == "classification" and config.model.encoder.options["dropout"]
+
+
+@pytest.mark.slow  # three short trainings, each with its final evaluation and report
+def test_an_interrupted_masked_lm_run_resumes_exactly(tmp_path):
+    """The training masks come from torch's RNG, which last.pt restores: 3 + 3 steps equal 6."""
+    from conftest import tiny_config
+
+    from targetlm.training import trainer_for
+
+    config = tiny_config(
+        **{
+            "model.encoder": '{kind = "crammed_bert", num_layers = 1, num_heads = 2, '
+            "ff_size = 16, max_context = 10, dropout = 0.1}",
+            "model.heads": '{kind = "wdr", n = 3}',
+            "task.kind": '"mlm"',
+            "task.mask_rate": 0.3,
+            "train.carry_state": "false",
+            "train.max_steps": 6,
+        }
+    )
+
+    def losses(run_dir: Path) -> list[float]:
+        records = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
+        return [r["loss"] for r in records if r["kind"] == "train"]
+
+    quiet = lambda message: None  # noqa: E731
+    full = trainer_for(config)(config, tmp_path / "full", log=quiet).train()
+    stopped = config.replace(["train.max_steps=3"])
+    trainer_for(stopped)(stopped, tmp_path / "resumed", log=quiet).train()
+    resumed = trainer_for(config)(config, tmp_path / "resumed", resume=True, log=quiet).train()
+    assert len(losses(tmp_path / "full")) == 6
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "full")
+    assert resumed["valid"]["ppl"] == full["valid"]["ppl"]

@@ -39,7 +39,9 @@ class ClassificationTrainer(Trainer):
     def _load_data(self) -> None:
         c = self.config
         self.splits, self.label_names = self.task.examples(c.data)
-        if c.train.init_from:
+        if not self.restart:  # a resumed run: its own vocabulary (the source may be gone)
+            self.vocab = Vocabulary.load(self.run_dir / runs.VOCAB)
+        elif c.train.init_from:
             _, self.vocab, _ = runs.read_best(c.train.init_from)
         else:
             words = [w for text in self.splits["train"].texts for s in text for w in s.split()]
