@@ -242,6 +242,11 @@ class SequenceClassificationTask(Task):
         """The train / valid / test examples of ``data`` and the label names. Their split is
         the dataset's own (see the module docstring): ``data.train`` / ``valid`` / ``test``
         must keep their default names (a slice of another split would be ignored)."""
+        if data.tokenizer != "whitespace":
+            raise ConfigError(
+                f"data.tokenizer: classification reads whitespace words, not {data.tokenizer!r} "
+                "symbols (finetune a run pretrained with data.tokenizer = 'whitespace')"
+            )
         for key in ("train", "valid", "test"):
             if getattr(data, key) != key:
                 raise ConfigError(
