@@ -25,6 +25,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     base = config_lib.DataConfig(name=args.name, dir=args.dir)
     print(f"{spec.name}: {spec.description}")
+    if spec.describe is not None:
+        print("\n".join(spec.describe(args.dir)))
+        return 0
     if spec.languages:
         return _parallel_info(base, spec)
     splits = {s: read_split(base, s) for s in spec.splits}

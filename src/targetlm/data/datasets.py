@@ -73,6 +73,8 @@ class DatasetSpec:
     unpack: Callable[[bytes, Path], None] | None = None
     # a parallel corpus: each split is the files <split>.<language> (targetlm.data.parallel)
     languages: tuple[str, ...] = ()
+    # a dataset not read as text splits (GLUE): what `targetlm data info` prints, given data.dir
+    describe: Callable[[str | None], list[str]] | None = None
 
 
 def _raw(repo: str, commit_or_branch: str, path: str) -> str:

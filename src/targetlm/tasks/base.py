@@ -66,11 +66,15 @@ class Task(ABC):
             tasks refuse one.
         finetunable: ``train.init_from`` may extend a trained run's vocabulary with this
             task's data.
+        causal: the task predicts from the past only and needs an encoder whose output t
+            reads inputs 0..t (``Encoder.causal``); a task that declares False (masked LM,
+            classification, diffusion) needs one that reads the whole sequence.
     """
 
     conditional: bool = False
     denoising: bool = False
     finetunable: bool = False
+    causal: bool = True
 
     # --- the model and the loss ------------------------------------------------------------
     def check_model(self, kind: str, encoder_kind: str, model: LanguageModel) -> None:
@@ -92,6 +96,14 @@ class Task(ABC):
                 "(use 'transformer_seq2seq')"
                 if self.conditional
                 else f"{where} reads a source sentence: use task.kind = 'translation', not {kind!r}"
+            )
+        if encoder.causal != self.causal:
+            raise ConfigError(
+                f"task.kind = {kind!r} predicts from the past only: {where} reads the whole "
+                "sequence (a bidirectional encoder would see the words it predicts)"
+                if self.causal
+                else f"task.kind = {kind!r} reads the whole sequence: {where} is causal "
+                "(use a bidirectional encoder, e.g. 'crammed_bert')"
             )
 
     def training_objective(self, objective: nn.Module, model: LanguageModel) -> nn.Module:
