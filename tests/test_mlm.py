@@ -54,7 +54,7 @@ def _model(encoder: str, output: str = "tied", heads: str = "none", n: int = 1, 
 
 def _vocabulary(size: int = 30) -> Vocabulary:
     words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(size - 2)]
-    return MaskedLmTask.vocabulary(Vocabulary(words, [1] * size))
+    return MaskedLmTask.with_special_words(Vocabulary(words, [1] * size))
 
 
 # --- the bidirectional encoder's contract ----------------------------------------------------
@@ -379,7 +379,7 @@ def test_an_interrupted_masked_lm_run_resumes_exactly(tmp_path):
     """The training masks come from torch's RNG, which last.pt restores: 3 + 3 steps equal 6."""
     from conftest import tiny_config
 
-    from targetlm.training import trainer_for
+    from targetlm.training import Trainer
 
     config = tiny_config(
         **{
@@ -400,10 +400,10 @@ def test_an_interrupted_masked_lm_run_resumes_exactly(tmp_path):
         return [r["loss"] for r in records if r["kind"] == "train"]
 
     quiet = lambda message: None  # noqa: E731
-    full = trainer_for(config)(config, tmp_path / "full", log=quiet).train()
+    full = Trainer(config, tmp_path / "full", log=quiet).train()
     stopped = config.replace(["train.max_steps=3"])
-    trainer_for(stopped)(stopped, tmp_path / "resumed", log=quiet).train()
-    resumed = trainer_for(config)(config, tmp_path / "resumed", resume=True, log=quiet).train()
+    Trainer(stopped, tmp_path / "resumed", log=quiet).train()
+    resumed = Trainer(config, tmp_path / "resumed", resume=True, log=quiet).train()
     assert len(losses(tmp_path / "full")) == 6
     assert losses(tmp_path / "resumed") == losses(tmp_path / "full")
     assert resumed["valid"]["ppl"] == full["valid"]["ppl"]

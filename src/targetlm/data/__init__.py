@@ -12,7 +12,7 @@ from targetlm.data.datasets import (
     resolve_dir,
 )
 from targetlm.data.glue import GLUE_TASKS, GlueTask, read_glue_split
-from targetlm.data.tokenizers import TOKENIZERS, Tokenizer, build_tokenizer, load_tokenizer
+from targetlm.data.tokenizers import TOKENIZERS, build_tokenizer, load_tokenizer
 from targetlm.data.vocab import (
     EOS,
     UNK,

@@ -98,6 +98,7 @@ class CrammedBertEncoder(Encoder):
     """
 
     causal = False
+    positions: torch.Tensor  # (max_context, d) sinusoidal positions, a buffer
 
     def __init__(
         self,
@@ -135,7 +136,7 @@ class CrammedBertEncoder(Encoder):
         self, x: torch.Tensor, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, None]:
         length = x.size(1)
-        if length > self.max_context:
+        if self.max_context is not None and length > self.max_context:
             raise ValueError(
                 f"a sequence of {length} tokens exceeds max_context {self.max_context}"
             )

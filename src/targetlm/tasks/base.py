@@ -64,8 +64,9 @@ class Task(ABC):
             needs one that is not.
         denoising: the task trains a diffusion denoiser (``Encoder.denoiser``); the other
             tasks refuse one.
-        finetunable: ``train.init_from`` may extend a trained run's vocabulary with this
-            task's data.
+        finetunable: ``train.init_from`` may start from a trained run: the trainer loads its
+            weights, and :meth:`load_data` is given its vocabulary (which the task may extend
+            with its own words; theirs keep their ids).
         causal: the task predicts from the past only and needs an encoder whose output t
             reads inputs 0..t (``Encoder.causal``); a task that declares False (masked LM,
             classification, diffusion) needs one that reads the whole sequence.
@@ -105,6 +106,14 @@ class Task(ABC):
                 else f"task.kind = {kind!r} reads the whole sequence: {where} is causal "
                 "(use a bidirectional encoder, e.g. 'crammed_bert')"
             )
+
+    def model_to_train(self, model: LanguageModel, data: TaskData, config: Config) -> nn.Module:
+        """The module the run trains, evaluates and checkpoints, around the built language
+        model (its weights already loaded when finetuning). It reads a batch through
+        :meth:`predict`, and its ``output()`` plays the output layer's part for the run's
+        objective, which is built for it. The model itself by default; a classifier wraps
+        it in a pooled head (``classification``)."""
+        return model
 
     def training_objective(self, objective: nn.Module, model: LanguageModel) -> nn.Module:
         """The loss the step minimises, around the run's built objective (an
@@ -158,6 +167,11 @@ class Task(ABC):
         log: Callable[[str], None],
     ) -> dict[str, Any]:
         """``split``'s figures in a finished run's results.json (with at least ``ppl``)."""
+
+    def summary(self, results: dict[str, Any]) -> list[str]:
+        """The lines ``targetlm train`` prints for a finished run's ``results`` (results.json's
+        content): the test perplexity by default."""
+        return [f"test perplexity: {results['test']['ppl']:.2f}"]
 
     def vocabulary(self, config: Config) -> Vocabulary:
         """The vocabulary a model of ``config`` is built with (``targetlm describe``)."""

@@ -31,10 +31,10 @@ the Matthews correlation (the general K-class form, as scikit-learn computes it)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +45,11 @@ from targetlm.data.glue import glue_task, read_glue_split
 from targetlm.data.vocab import EOS, DataError, Vocabulary
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.registry import ConfigError, Fraction, Size
-from targetlm.tasks.base import TASKS, Batch, Task
+from targetlm.tasks.base import TASKS, Batch, Task, TaskData
 from targetlm.tasks.mlm import CLS
+
+if TYPE_CHECKING:
+    from targetlm.config import Config
 
 # Brown genre classification: (split, the line fractions of each genre file it takes)
 BROWN_SPLITS = {"train": (0.0, 0.8), "valid": (0.8, 0.9), "test": (0.9, 1.0)}
@@ -223,6 +226,7 @@ class SequenceClassificationTask(Task):
     """
 
     causal = False
+    finetunable = True  # train.init_from: the pretrained run's vocabulary and weights
 
     def __init__(
         self,
@@ -263,8 +267,41 @@ class SequenceClassificationTask(Task):
             f"data.name: classification reads 'brown' (genres) or 'glue', not {data.name!r}"
         )
 
-    def build_model(self, body: LanguageModel, num_labels: int) -> SequenceClassifier:
-        return SequenceClassifier(body, num_labels, self.pooler, self.head_dropout)
+    # --- the data ------------------------------------------------------------------------------
+    def load_data(
+        self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]
+    ) -> TaskData:
+        """The labelled examples of train / valid / test (``corpus``: the label names) and the
+        evaluation batches. The vocabulary: the pretrained run's as it is (``train.init_from``;
+        words unseen in pretraining read ``<unk>``), else the training sentences' words and
+        ``<cls>``."""
+        splits, label_names = self.examples(config.data)
+        if base_vocabulary is not None:
+            vocab = base_vocabulary
+        else:
+            words = [w for text in splits["train"].texts for s in text for w in s.split()]
+            vocab = Vocabulary.build(words).extend([CLS])
+        batches = {
+            role: self.batches(splits[role], vocab, config.eval.batch_size, train=False)
+            for role in ("valid", "test")
+        }
+        return TaskData(vocab, label_names, splits, batches)
+
+    def model_to_train(
+        self, model: LanguageModel, data: TaskData, config: Config
+    ) -> SequenceClassifier:
+        """The classifier around the (pretrained) language model: ``len(data.corpus)``
+        classes."""
+        return SequenceClassifier(model, len(data.corpus), self.pooler, self.head_dropout)
+
+    def training_batches(
+        self, data: TaskData, config: Config, lookahead: int
+    ) -> Sequence[PaddedBatch]:
+        """``data.batch_size`` examples a batch, in one order drawn with ``train.seed``."""
+        return self.batches(
+            data.splits["train"], data.vocab, config.data.batch_size, train=True,
+            seed=config.train.seed,
+        )  # fmt: skip
 
     def batches(
         self,
@@ -285,9 +322,51 @@ class SequenceClassificationTask(Task):
             raise ValueError("a classification batch needs its padding mask (a PaddedBatch)")
         return model(batch.inputs, batch.mask)
 
-    @torch.no_grad()
+    # --- evaluation ----------------------------------------------------------------------------
     def evaluate(
-        self, model: SequenceClassifier, batches: Sequence[PaddedBatch], num_labels: int, device
+        self,
+        model: SequenceClassifier,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """The figures of :meth:`score` on ``split``."""
+        return self.score(model, data.batches[split], len(data.corpus), device)
+
+    def final_results(
+        self,
+        model: SequenceClassifier,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        """:meth:`score`'s figures and the label names (logged: the metrics)."""
+        result = self.evaluate(model, data, split, objective, config, device)
+        figures = ", ".join(
+            f"{k} {result[k]:.4f}"
+            for k in ("accuracy", "macro_f1", "f1", "matthews")
+            if k in result
+        )
+        log(f"{split}: {figures} ({result['examples']} examples)")
+        return {**result, "labels": list(data.corpus)}
+
+    def summary(self, results: dict[str, Any]) -> list[str]:
+        """Test accuracy and macro-F1 (the perplexity is exp of the labels' cross entropy)."""
+        test = results["test"]
+        return [f"test accuracy: {test['accuracy']:.4f}, macro-F1: {test['macro_f1']:.4f}"]
+
+    @torch.no_grad()
+    def score(
+        self,
+        model: SequenceClassifier,
+        batches: Sequence[PaddedBatch],
+        num_labels: int,
+        device: torch.device | str,
     ) -> dict[str, Any]:
         """``{"nll", "ppl", "examples", "accuracy", "macro_f1"[, "f1", "matthews"]}`` of
         ``model`` on ``batches`` (eval mode; the mode it was in is restored)."""

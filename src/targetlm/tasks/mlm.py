@@ -30,9 +30,9 @@ perplexity.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +41,12 @@ from targetlm.data.batching import IGNORE
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.registry import ConfigError, Probability, Seed
-from targetlm.tasks.base import TASKS, Batch, Task
+from targetlm.tasks.base import TASKS, Batch, Task, TaskData
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from targetlm.config import Config
 
 CLS = "<cls>"  # the first token of every row (the classifier's pooled position)
 MASK = "<mask>"
@@ -220,9 +225,92 @@ class MaskedLmTask(Task):
         self.eval_seed = eval_seed
 
     @staticmethod
-    def vocabulary(vocab: Vocabulary) -> Vocabulary:
+    def with_special_words(vocab: Vocabulary) -> Vocabulary:
         """The training vocabulary with ``<cls>`` and ``<mask>`` appended (ids unchanged)."""
         return vocab.extend([w for w in (CLS, MASK) if w not in vocab])
+
+    # --- the data ------------------------------------------------------------------------------
+    def load_data(
+        self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]
+    ) -> TaskData:
+        """The corpus's splits as token streams (no context token: each row starts with
+        ``<cls>``) and the fixed-mask evaluation batches of valid and test."""
+        from targetlm.data.datasets import check_training_tokens, load_corpus
+
+        c = config.data
+        if config.train.init_from:
+            raise ConfigError(
+                "train.init_from: a masked-LM run pretrains from scratch (finetune it with "
+                "task.kind = 'classification')"
+            )
+        corpus = load_corpus(c)
+        check_training_tokens(c, corpus)
+        vocab = self.with_special_words(corpus.vocab)
+        ids = {split: vocab.encode(tokens) for split, tokens in corpus.splits.items()}
+        splits = {role: ids[getattr(c, role)] for role in ("train", "valid", "test")}
+        batches = {
+            role: self.batches(
+                splits[role], config.eval.batch_size, c.bptt, vocab=vocab, train=False
+            )
+            for role in ("valid", "test")
+        }
+        return TaskData(vocab, corpus, splits, batches)
+
+    def vocabulary(self, config: Config) -> Vocabulary:
+        from targetlm.data.datasets import load_corpus
+
+        return self.with_special_words(load_corpus(config.data, (config.data.train,)).vocab)
+
+    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> MaskedBlocks:
+        """Rows of ``data.bptt`` tokens, ``data.batch_size`` a batch, masked when read."""
+        c = config.data
+        batches = self.batches(
+            data.splits["train"], c.batch_size, c.bptt, vocab=data.vocab, train=True,
+            lookahead=lookahead,
+        )  # fmt: skip
+        if not len(batches):
+            raise ConfigError(
+                f"data.batch_size: the training split fills no batch of {c.batch_size} "
+                f"rows of {c.bptt} tokens"
+            )
+        return batches
+
+    # --- evaluation ----------------------------------------------------------------------------
+    def evaluate(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+    ) -> dict[str, Any]:
+        """The masked tokens' ``{"nll", "ppl", "tokens"}`` on ``split`` (fixed masks)."""
+        from targetlm.inference.translate import evaluate_pairs
+
+        return evaluate_pairs(model, data.batches[split], self, device)
+
+    def final_results(
+        self,
+        model: LanguageModel,
+        data: TaskData,
+        split: str,
+        objective: nn.Module,
+        config: Config,
+        device: torch.device,
+        log: Callable[[str], None],
+    ) -> dict[str, Any]:
+        result = self.evaluate(model, data, split, objective, config, device)
+        return {
+            "ppl": result["ppl"],
+            "nll": result["nll"],
+            "masked_tokens": result["tokens"],
+            "mask_rate": self.mask_rate,
+        }
+
+    def summary(self, results: dict[str, Any]) -> list[str]:
+        """The masked tokens' test perplexity."""
+        return [f"test masked-token perplexity: {results['test']['ppl']:.2f}"]
 
     def batches(
         self,
