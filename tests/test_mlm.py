@@ -411,3 +411,55 @@ def test_an_interrupted_masked_lm_run_resumes_exactly(tmp_path):
     assert len(losses(tmp_path / "full")) == 6
     assert losses(tmp_path / "resumed") == losses(tmp_path / "full")
     assert resumed["valid"]["ppl"] == full["valid"]["ppl"]
+
+
+@pytest.mark.slow  # a pretraining and three short finetunings
+def test_an_interrupted_finetuning_resumes_exactly_with_its_own_vocabulary(
+    tmp_path, capsys, monkeypatch
+):
+    """A resumed classification run reads its own vocab.txt (the pretrained run may be gone)
+    and the restored weights: 1 + 1 steps equal 2."""
+    monkeypatch.setattr("targetlm.analysis.report.plot_learning_curve", lambda *args: False)
+    synthetic = ["--set", 'data.name="synthetic"', "--set", "data.synthetic.train_sentences=20"]
+    pretrained = tmp_path / "pretrained"
+    config = str(ROOT / "configs" / "mlm-wt2-base.toml")
+    assert main(["train", config, "--run-dir", str(pretrained)] + TINY + synthetic) == 0
+    glue = tmp_path / "SST-2"
+    _write_toy_sst2(glue)
+    changes = str(ROOT / "configs" / "finetune" / "mlm-brown-genre.toml")
+    finetune = [
+        "--changes", changes, "--set", 'data.name="glue"', "--set", f'data.dir="{glue}"',
+        "--set", 'task.glue_task="SST-2"', "--set", 'train.schedule="constant"',
+        "--set", "train.warmup_steps=0",  # (a linear decay follows max_steps)
+        "--set", "data.batch_size=4", "--set", "train.progress=false",
+        "--set", "train.eval_every=1", "--set", "train.log_every=1",
+    ]  # fmt: skip
+
+    def run(run_dir: Path, steps: int, *extra: str) -> int:
+        source = [] if extra else [str(pretrained)]
+        command = "train" if extra else "finetune"
+        return main(
+            [
+                command,
+                *source,
+                *extra,
+                "--run-dir",
+                str(run_dir),
+                "--set",
+                f"train.max_steps={steps}",
+            ]
+            + ([] if extra else finetune)
+        )
+
+    def losses(run_dir: Path) -> list[float]:
+        records = [
+            json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().split("\n") if line
+        ]
+        return [r["loss"] for r in records if r["kind"] == "train"]
+
+    assert run(tmp_path / "full", 2) == 0
+    assert run(tmp_path / "resumed", 1) == 0
+    pretrained.rename(tmp_path / "moved")  # the source run is gone
+    assert run(tmp_path / "resumed", 2, "--resume") == 0
+    assert len(losses(tmp_path / "full")) == 2
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "full")

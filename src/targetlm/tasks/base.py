@@ -6,9 +6,11 @@ are made (:meth:`Task.training_batches`), how the model reads a batch (:meth:`Ta
 what loss the step minimises around the run's objective (:meth:`Task.training_objective`),
 how a split is evaluated (:meth:`Task.evaluate`, the figure validation and early stopping
 read) and which final figures a finished run reports (:meth:`Task.final_results`:
-perplexity; BLEU / chrF of its decoder with SacreBLEU's signature). The one
+perplexity; BLEU / chrF of its decoder with SacreBLEU's signature; :meth:`Task.summary`:
+what ``targetlm train`` prints of them). A task may train a module around the language model
+(:meth:`Task.model_to_train`: a classifier's pooled head). The one
 :class:`~targetlm.training.Trainer` and the commands only talk to this interface, so a new
-task (e.g. masked-LM pretraining, then sentence classification) is one file in ``tasks/``
+task (masked-LM pretraining, sentence classification) is one file in ``tasks/``
 registered in :data:`TASKS`; output layers, heads, objectives and combiners stay as they are:
 they read ``Prediction`` and the targets.
 
