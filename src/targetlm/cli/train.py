@@ -46,7 +46,10 @@ def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> 
         return 130
     if not is_main_process():
         return 0
-    for line in trainer.task.summary(results):  # the task's figures
+    from targetlm.tasks import build_task
+
+    # the task's figures (a finished run that is resumed returns its results without setup)
+    for line in build_task(config).summary(results):
         print(line)
     return 0
 
