@@ -86,6 +86,17 @@ DENOISER_ENCODER_OPTIONS = {
         "max_length_difference": 4,
     },
 }
+# bidirectional encoders (Encoder.causal = False, not conditional): the masked-LM and
+# classification contract tests (tests/test_mlm.py) run them; the causal LM contracts cannot
+BIDIRECTIONAL_ENCODER_OPTIONS = {
+    "crammed_bert": {
+        "num_layers": 2,
+        "num_heads": 2,
+        "ff_size": 32,
+        "max_context": 64,
+        "dropout": 0.0,
+    },
+}
 CHAR_CNN = {"char_size": 8, "widths": [1, 2, 3], "channels_per_width": 8, "highway_layers": 1}
 OUTPUT_OPTIONS = {
     "lookup": {},

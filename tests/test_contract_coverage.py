@@ -4,6 +4,7 @@ without test options in ``conftest.py`` fails here (a test in ``conftest.py`` is
 from __future__ import annotations
 
 from conftest import (
+    BIDIRECTIONAL_ENCODER_OPTIONS,
     CONDITIONAL_ENCODER_OPTIONS,
     DENOISER_ENCODER_OPTIONS,
     ENCODER_OPTIONS,
@@ -14,13 +15,23 @@ from targetlm.modules import ENCODERS, OUTPUT_LAYERS
 
 
 def test_every_encoder_has_test_options():
-    tables = set(ENCODER_OPTIONS) | set(CONDITIONAL_ENCODER_OPTIONS) | set(DENOISER_ENCODER_OPTIONS)
+    tables = (
+        set(ENCODER_OPTIONS)
+        | set(CONDITIONAL_ENCODER_OPTIONS)
+        | set(DENOISER_ENCODER_OPTIONS)
+        | set(BIDIRECTIONAL_ENCODER_OPTIONS)
+    )
     assert tables == set(ENCODERS.names())
     for name in ENCODERS.names():  # each in the table of the contract tests that can run it
-        conditional = ENCODERS.get(name).conditional
-        denoiser = getattr(ENCODERS.get(name), "denoiser", False)
+        encoder = ENCODERS.get(name)
+        conditional, causal = encoder.conditional, encoder.causal
+        denoiser = getattr(encoder, "denoiser", False)
         assert (name in DENOISER_ENCODER_OPTIONS) == denoiser, name
         assert (name in CONDITIONAL_ENCODER_OPTIONS) == (conditional and not denoiser), name
+        # the causal LM contracts (causality, carried state, ensemble) run the causal kinds
+        # only; a bidirectional kind runs the masked-LM contracts instead
+        assert (name in ENCODER_OPTIONS) == (causal and not conditional), name
+        assert (name in BIDIRECTIONAL_ENCODER_OPTIONS) == (not causal and not conditional), name
 
 
 def test_every_output_layer_has_test_options():

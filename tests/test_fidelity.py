@@ -22,6 +22,7 @@ import pytest
 from targetlm import config as config_lib
 from targetlm.modules import ENCODERS, HEADS, INPUT_EMBEDDINGS, OUTPUT_LAYERS
 from targetlm.objectives import OBJECTIVES
+from targetlm.tasks import TASKS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,6 +37,7 @@ REGISTRIES = {
     "model.output": OUTPUT_LAYERS,
     "model.heads": HEADS,
     "objective": OBJECTIVES,
+    "task": TASKS,
 }
 
 
@@ -93,6 +95,7 @@ BUDGET_KEYS = {
     "epochs": "train.epochs",
     "patience": "train.early_stopping",
     "plateau": "train.patience",
+    "steps": "train.max_steps",
 }
 # (pattern, quantity): group 1 is the stated number, "k" meaning thousands; "preset_epochs" is
 # the preset's own train.epochs, before the command's overrides
@@ -107,6 +110,8 @@ STATED_BUDGET = [
     (r"\bstop after (\d+)", "patience"),
     (r"\bafter (\d+) (?:flat epochs|epochs without improvement)", "plateau"),
     (r"(?:\bpresets say|\bpresets'|\bpreset's) (\d+)\b", "preset_epochs"),
+    (r"\bSTEPS optimiser steps \(default (\d+k?)", "steps"),
+    (r"\b(\d+k?) optimiser steps\b", "steps"),
 ]
 # how to run each script whose header states a budget (the arguments are examples: the header's
 # defaults hold for any method and seed); common.sh is sourced, so it is run through a user
@@ -117,6 +122,7 @@ SCRIPT_EXAMPLES = {
     "heo_tf_ptb.sh": ("heo_tf_ptb.sh", ["base", "1"]),
     "inan_ptb_cpu.sh": ("inan_ptb_cpu.sh", ["base", "1"]),
     "inan_small_ptb.sh": ("inan_small_ptb.sh", ["1"]),
+    "mlm_brown.sh": ("mlm_brown.sh", ["wdr-n2", "1"]),
     "pappas_ptb_cpu.sh": ("pappas_ptb_cpu.sh", ["tied", "1"]),
     "tt_rf_ptb.sh": ("tt_rf_ptb.sh", ["tt", "wdr", "1"]),
 }

@@ -262,11 +262,20 @@ def test_invalid_component_value_names_the_component():
 
 
 def test_every_encoder_is_in_the_contract_tests():
-    from conftest import CONDITIONAL_ENCODER_OPTIONS, DENOISER_ENCODER_OPTIONS
+    from conftest import (
+        BIDIRECTIONAL_ENCODER_OPTIONS,
+        CONDITIONAL_ENCODER_OPTIONS,
+        DENOISER_ENCODER_OPTIONS,
+    )
 
     from targetlm.modules import ENCODERS
 
-    tables = set(ENCODER_OPTIONS) | set(CONDITIONAL_ENCODER_OPTIONS) | set(DENOISER_ENCODER_OPTIONS)
+    tables = (
+        set(ENCODER_OPTIONS)
+        | set(CONDITIONAL_ENCODER_OPTIONS)
+        | set(DENOISER_ENCODER_OPTIONS)
+        | set(BIDIRECTIONAL_ENCODER_OPTIONS)
+    )
     assert set(ENCODERS.names()) == tables
 
 

@@ -27,9 +27,14 @@ def test_every_registered_task_implements_the_whole_interface():
         task = TASKS.build(kind, {}, "task")
         assert isinstance(task, Task)
         assert not getattr(type(task), "__abstractmethods__", None), kind
-        # a task reads either one stream (the language-model commands) or sentence pairs
-        assert isinstance(task, StreamTask) != isinstance(task, SentencePairTask), kind
-        assert isinstance(task.conditional, bool) and isinstance(task.denoising, bool)
+        # a task reads one stream (the language-model commands), sentence pairs (translate),
+        # or data of its own (masked blocks, labelled sentences): never two of them
+        assert not (isinstance(task, StreamTask) and isinstance(task, SentencePairTask)), kind
+        for flag in ("conditional", "denoising", "finetunable", "causal"):
+            assert isinstance(getattr(task, flag), bool), (kind, flag)
+    # only the stream tasks are read by the language-model commands
+    streams = [k for k in TASKS.names() if isinstance(TASKS.build(k, {}, "task"), StreamTask)]
+    assert streams == ["lm"]
 
 
 def test_a_task_refuses_an_encoder_it_cannot_train():

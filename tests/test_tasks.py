@@ -16,9 +16,11 @@ V = 20
 
 
 def test_the_tasks_are_registered_and_configurable():
-    assert TASKS.names() == ["diffusion", "lm", "translation"]
+    assert TASKS.names() == ["classification", "diffusion", "lm", "mlm", "translation"]
     assert tiny_config().task == ComponentConfig("lm")
-    with pytest.raises(ConfigError, match="available: diffusion, lm, translation"):
+    with pytest.raises(
+        ConfigError, match="available: classification, diffusion, lm, mlm, translation"
+    ):
         tiny_config(task='{kind = "parsing"}')
 
 

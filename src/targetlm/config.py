@@ -398,16 +398,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """Read a TOML config file, apply ``--set`` overrides, and validate."""
+def load_table(path: str | Path) -> dict[str, Any]:
+    """A TOML file as a dict (not checked against the config's keys: a partial config)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    return from_dict(apply_overrides(data, list(overrides)))
+
+
+def load(path: str | Path, overrides: Sequence[str] = ()) -> Config:
+    """Read a TOML config file, apply ``--set`` overrides, and validate."""
+    return from_dict(apply_overrides(load_table(path), list(overrides)))
 
 
 def dumps(config: Config) -> str:

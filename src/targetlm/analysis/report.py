@@ -75,7 +75,7 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
                 f"| {split} | {r['ppl']:.2f} | {r['tokens']:,} | {r['bleu']:.2f} | {r['chrf']:.2f} |"
             )
         lines += ["", f"Beam {results['test']['beam']}; `{results['test']['bleu_signature']}`."]
-    else:
+    elif "unigram_ppl" in results["test"]:  # a language model
         lines += [
             "| split | perplexity | unigram perplexity | tokens | OOV rate |",
             "|---|---:|---:|---:|---:|",
@@ -86,6 +86,12 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
                 f"| {split} | {r['ppl']:.2f} | {r['unigram_ppl']:.2f} | {r['tokens']:,} "
                 f"| {r['oov_rate']:.2%} |"
             )
+    else:  # another task (masked LM, classification): its own figures, as reported
+        keys = [k for k, v in results["test"].items() if isinstance(v, (int, float))]
+        lines += ["| split | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+        for split in ("valid", "test"):
+            r = results[split]
+            lines.append(f"| {split} | " + " | ".join(_figure(r[k]) for k in keys) + " |")
     lines += ["", "| part | parameters |", "|---|---:|"]
     lines += [f"| {part} | {count:,} |" for part, count in results["params"].items()]
     lines += [f"| **total** | **{results['total_params']:,}** |", ""]
@@ -95,3 +101,8 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def _figure(value: float) -> str:
+    """A number of a results table: integers with separators, others to 4 digits."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:.4g}"

@@ -27,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{spec.name}: {spec.description}")
     if spec.availability:
         print(f"availability: {spec.availability}")
+    if spec.describe is not None:
+        print("\n".join(spec.describe(args.dir)))
+        return 0
     if spec.languages:
         return _parallel_info(base, spec)
     splits = {s: read_split(base, s) for s in spec.splits}

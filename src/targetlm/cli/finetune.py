@@ -1,4 +1,5 @@
-"""``targetlm finetune RUN_DIR --run-dir NEW_DIR``: continue a trained run on new data."""
+"""``targetlm finetune RUN_DIR --run-dir NEW_DIR``: continue a trained run on new data (or, with
+a ``--changes`` file that sets another task, e.g. classification, finetune it for that task)."""
 
 from __future__ import annotations
 
@@ -28,11 +29,27 @@ def run(args: argparse.Namespace) -> int:
         from targetlm.training.finetune import reuse_tokenizer
 
         checkpoint, _, _ = read_best(args.source)
-        data = config_lib.apply_overrides(checkpoint["config"], args.set)
+        data = checkpoint["config"]
+        if args.changes is not None:
+            data = merge_changes(data, config_lib.load_table(args.changes))
+        data = config_lib.apply_overrides(data, args.set)
         data.setdefault("train", {})["init_from"] = source
         reuse_tokenizer(checkpoint["config"], data, Path(source))
         config = builders.config_from_dict(data)
     return train_and_report(config, args.run_dir, args.resume)
+
+
+def merge_changes(source: dict, changes: dict) -> dict:
+    """``changes`` (a partial config) over ``source`` (both TOML-shaped): tables merge key by
+    key, except a table that names a ``kind`` (another component: [task], [objective], ...),
+    which replaces the source's whole table (its options belonged to the other kind)."""
+    merged = dict(source)
+    for key, value in changes.items():
+        if isinstance(value, dict) and "kind" not in value and isinstance(merged.get(key), dict):
+            merged[key] = merge_changes(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -48,6 +65,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override the source run's config, e.g. data.name=brown data.train='news[:0.8]'",
+    )
+    p.add_argument(
+        "--changes",
+        type=Path,
+        metavar="TOML",
+        help="a partial config applied over the source run's (before --set), e.g. "
+        "configs/finetune/mlm-brown-genre.toml: finetune a masked LM for genre classification",
     )
     p.add_argument("--run-dir", type=Path, required=True, help="the new run directory")
     p.add_argument("--resume", action="store_true", help="continue the finetuning run exactly")

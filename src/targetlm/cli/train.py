@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> int:
-    """Train ``config`` in ``run_dir`` and print its test perplexity; the exit status (130 if
+    """Train ``config`` in ``run_dir`` and print its test figures (the task's summary: the
+    perplexity, BLEU for translation, accuracy for a classifier); the exit status (130 if
     interrupted, with a resumable checkpoint left). Under ``torchrun`` with several
     processes, each is one rank of a data-parallel run (:mod:`targetlm.training.distributed`)
     and rank 0 prints."""
@@ -45,9 +46,11 @@ def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> 
         return 130
     if not trainer.processes.is_main:
         return 0
-    print(f"test perplexity: {results['test']['ppl']:.2f}")
-    if "bleu" in results["test"]:
-        print(f"test BLEU: {results['test']['bleu']:.2f} ({results['test']['bleu_signature']})")
+    from targetlm.tasks import build_task
+
+    # the task's figures (a finished run that is resumed returns its results without setup)
+    for line in build_task(config).summary(results):
+        print(line)
     return 0
 
 

@@ -11,6 +11,7 @@ from targetlm.data.datasets import (
     read_split,
     resolve_dir,
 )
+from targetlm.data.glue import GLUE_TASKS, GlueTask, read_glue_split
 from targetlm.data.tokenizers import TOKENIZERS, build_tokenizer, load_tokenizer
 from targetlm.data.vocab import (
     EOS,
@@ -27,6 +28,8 @@ from targetlm.data.vocab import (
 
 __all__ = [
     "DATASETS",
+    "GLUE_TASKS",
+    "GlueTask",
     "EOS",
     "IGNORE",
     "TOKENIZERS",
@@ -43,6 +46,7 @@ __all__ = [
     "load_corpus",
     "load_tokenizer",
     "read_file",
+    "read_glue_split",
     "read_lines",
     "read_split",
     "read_text",

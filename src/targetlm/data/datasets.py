@@ -75,6 +75,8 @@ class DatasetSpec:
     languages: tuple[str, ...] = ()
     # where the corpus cannot be had from this kind of machine (printed by `targetlm data info`)
     availability: str = ""
+    # a dataset not read as text splits (GLUE): what `targetlm data info` prints, given data.dir
+    describe: Callable[[str | None], list[str]] | None = None
 
 
 def _raw(repo: str, commit_or_branch: str, path: str) -> str:

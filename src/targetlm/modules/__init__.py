@@ -1,5 +1,6 @@
 """Model pipeline: input embeddings, encoders, output layers and the model that wires them."""
 
+from targetlm.modules.bidirectional import CrammedBertEncoder
 from targetlm.modules.char_cnn import CharCnn, StringIndex, index_strings
 from targetlm.modules.diffusion import DiffusionDenoiser
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS, LookupEmbedding
@@ -53,6 +54,7 @@ __all__ = [
     "BilinearOutput",
     "CausalTransformer",
     "CharCnn",
+    "CrammedBertEncoder",
     "CharCnnOutput",
     "CompositionalOutput",
     "DeepResidualOutput",

@@ -249,6 +249,7 @@ class DiffusionDenoiser(Encoder):
     """
 
     conditional = True
+    causal = False  # every target position reads every other (noised) one
     denoiser = True  # a diffusion denoiser: read by task.kind = "diffusion" only
     max_context: int  # bounded: the positions' tables have max_context rows
     # (max_context, d) each: parameters (learned) or buffers (sinusoidal)

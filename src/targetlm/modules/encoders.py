@@ -36,12 +36,17 @@ class Encoder(nn.Module):
             so it cannot run a plain language model.
         denoiser: True for a diffusion denoiser (it reads noised target embeddings, and
             trains with the diffusion task only).
+        causal: True when output t reads inputs 0..t only (what language modelling and the
+            N-gram ensemble need); False for an encoder that reads the whole sequence (a
+            bidirectional masked-LM encoder, a diffusion denoiser), which only a task that
+            declares ``causal = False`` may run.
     """
 
     output_size: int
     max_context: int | None = None
     conditional: bool = False
     denoiser: bool = False
+    causal: bool = True
 
 
 class LockedDropout(nn.Module):

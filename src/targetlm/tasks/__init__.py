@@ -9,8 +9,10 @@ around the run's objective, how a split is evaluated and what a finished run rep
 """
 
 from targetlm.tasks.base import TASKS, Batch, StreamTask, Task, TaskData, build_task
+from targetlm.tasks.classify import SequenceClassificationTask
 from targetlm.tasks.diffusion import DiffusionTask
 from targetlm.tasks.lm import LanguageModelingTask
+from targetlm.tasks.mlm import MaskedLmTask
 from targetlm.tasks.translation import SentencePairTask, TranslationTask, pair_batches
 
 __all__ = [
@@ -18,7 +20,9 @@ __all__ = [
     "Batch",
     "DiffusionTask",
     "LanguageModelingTask",
+    "MaskedLmTask",
     "SentencePairTask",
+    "SequenceClassificationTask",
     "StreamTask",
     "Task",
     "TaskData",

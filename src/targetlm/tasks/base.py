@@ -6,9 +6,11 @@ are made (:meth:`Task.training_batches`), how the model reads a batch (:meth:`Ta
 what loss the step minimises around the run's objective (:meth:`Task.training_objective`),
 how a split is evaluated (:meth:`Task.evaluate`, the figure validation and early stopping
 read) and which final figures a finished run reports (:meth:`Task.final_results`:
-perplexity; BLEU / chrF of its decoder with SacreBLEU's signature). The one
+perplexity; BLEU / chrF of its decoder with SacreBLEU's signature; :meth:`Task.summary`:
+what ``targetlm train`` prints of them). A task may train a module around the language model
+(:meth:`Task.model_to_train`: a classifier's pooled head). The one
 :class:`~targetlm.training.Trainer` and the commands only talk to this interface, so a new
-task (e.g. masked-LM pretraining, then sentence classification) is one file in ``tasks/``
+task (masked-LM pretraining, sentence classification) is one file in ``tasks/``
 registered in :data:`TASKS`; output layers, heads, objectives and combiners stay as they are:
 they read ``Prediction`` and the targets.
 
@@ -64,13 +66,18 @@ class Task(ABC):
             needs one that is not.
         denoising: the task trains a diffusion denoiser (``Encoder.denoiser``); the other
             tasks refuse one.
-        finetunable: ``train.init_from`` may extend a trained run's vocabulary with this
-            task's data.
+        finetunable: ``train.init_from`` may start from a trained run: the trainer loads its
+            weights, and :meth:`load_data` is given its vocabulary (which the task may extend
+            with its own words; theirs keep their ids).
+        causal: the task predicts from the past only and needs an encoder whose output t
+            reads inputs 0..t (``Encoder.causal``); a task that declares False (masked LM,
+            classification, diffusion) needs one that reads the whole sequence.
     """
 
     conditional: bool = False
     denoising: bool = False
     finetunable: bool = False
+    causal: bool = True
 
     # --- the model and the loss ------------------------------------------------------------
     def check_model(self, kind: str, encoder_kind: str, model: LanguageModel) -> None:
@@ -93,6 +100,22 @@ class Task(ABC):
                 if self.conditional
                 else f"{where} reads a source sentence: use task.kind = 'translation', not {kind!r}"
             )
+        if encoder.causal != self.causal:
+            raise ConfigError(
+                f"task.kind = {kind!r} predicts from the past only: {where} reads the whole "
+                "sequence (a bidirectional encoder would see the words it predicts)"
+                if self.causal
+                else f"task.kind = {kind!r} reads the whole sequence: {where} is causal "
+                "(use a bidirectional encoder, e.g. 'crammed_bert')"
+            )
+
+    def model_to_train(self, model: LanguageModel, data: TaskData, config: Config) -> nn.Module:
+        """The module the run trains, evaluates and checkpoints, around the built language
+        model (its weights already loaded when finetuning). It reads a batch through
+        :meth:`predict`, and its ``output()`` plays the output layer's part for the run's
+        objective, which is built for it. The model itself by default; a classifier wraps
+        it in a pooled head (``classification``)."""
+        return model
 
     def training_objective(self, objective: nn.Module, model: LanguageModel) -> nn.Module:
         """The loss the step minimises, around the run's built objective (an
@@ -146,6 +169,11 @@ class Task(ABC):
         log: Callable[[str], None],
     ) -> dict[str, Any]:
         """``split``'s figures in a finished run's results.json (with at least ``ppl``)."""
+
+    def summary(self, results: dict[str, Any]) -> list[str]:
+        """The lines ``targetlm train`` prints for a finished run's ``results`` (results.json's
+        content): the test perplexity by default."""
+        return [f"test perplexity: {results['test']['ppl']:.2f}"]
 
     def vocabulary(self, config: Config) -> Vocabulary:
         """The vocabulary a model of ``config`` is built with (``targetlm describe``)."""

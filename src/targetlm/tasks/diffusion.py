@@ -68,6 +68,7 @@ class DiffusionTask(SentencePairTask):
 
     conditional = True
     denoising = True
+    causal = False
 
     def __init__(
         self,

@@ -85,6 +85,14 @@ class SentencePairTask(Task):
 
     conditional = True
 
+    def summary(self, results: dict[str, Any]) -> list[str]:
+        """The test perplexity and BLEU (with SacreBLEU's signature)."""
+        test = results["test"]
+        return [
+            f"test perplexity: {test['ppl']:.2f}",
+            f"test BLEU: {test['bleu']:.2f} ({test['bleu_signature']})",
+        ]
+
     # --- the data ------------------------------------------------------------------------------
     def load_data(
         self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]

@@ -225,10 +225,12 @@ class Trainer:
         )
         self.task: Task = build_task(c)
         source = self._load_data()
-        self.model = build_model(c.model, self.vocab.itos).to(self.device)
+        model = build_model(c.model, self.vocab.itos).to(self.device)
         if source is not None:
             state, base, where = source
-            finetune.transfer_weights(self.model, state, len(self.vocab) - len(base), where)
+            finetune.transfer_weights(model, state, len(self.vocab) - len(base), where)
+        # what is trained: the language model, or the task's module around it (a classifier)
+        self.model: Any = self.task.model_to_train(model, self.data, c).to(self.device)
         objective = build_objective(
             c.objective,
             self.model,
