@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -83,17 +84,21 @@ def run(args: argparse.Namespace) -> int:
     if context is not None and args.segment > context:
         raise ConfigError(f"--segment {args.segment} exceeds the body's max_context {context}")
     segments = ids[: ids.numel() // args.segment * args.segment].view(-1, args.segment)
-    held = max(1, round(segments.size(0) * args.held_out))
-    if segments.size(0) < 2 or held >= segments.size(0):
-        raise ConfigError(
-            f"--corpus {args.corpus}: {ids.numel()} tokens make {segments.size(0)} segments of "
-            f"{args.segment}; need at least one to train on besides {held} held out"
-        )
     d = model.output.embedding_dim
     limit = distill.cache_rows(args.cache_mb * 2**20, args.segment, d)
     if limit < 1:
         raise ConfigError(f"--cache-mb {args.cache_mb} holds no segment of {args.segment} x {d}")
-    train_segments = segments[:-held][:limit]
+    # the corpus is cut to what the cache holds first, then --held-out of that is kept apart:
+    # the held-out body pass costs in proportion to what is trained on, not to the whole corpus
+    used = min(segments.size(0), math.ceil(limit / (1 - args.held_out)))
+    held = max(1, round(used * args.held_out))
+    if used < 2 or held >= used:
+        raise ConfigError(
+            f"--corpus {args.corpus}: {ids.numel()} tokens make {segments.size(0)} segments of "
+            f"{args.segment}; need at least one to train on besides {held} held out"
+        )
+    train_segments = segments[: used - held]
+    segments = segments[:used]
     device = next(model.parameters()).device
     started = time.perf_counter()
     train = distill.HiddenCache.build(model, train_segments.to(device))
@@ -102,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"body states cached: {len(train)} segments x {args.segment} tokens "
         f"({train.bytes / 2**20:.1f} MiB of at most {args.cache_mb} MiB"
-        f"{', corpus cut to fit' if len(train) < segments.size(0) - held else ''}); "
+        f"{', corpus cut to fit' if used < len(ids) // args.segment else ''}); "
         f"{held} held out; {cached:.1f} s",
         flush=True,
     )
@@ -249,7 +254,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="segments per step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     p.add_argument(
-        "--held-out", type=float, default=0.1, help="fraction of segments kept for agreement"
+        "--held-out", type=float, default=0.1, help="fraction of the segments read (the cached ones and these) kept apart for agreement"
     )
     p.add_argument(
         "--cache-mb",
