@@ -9,14 +9,17 @@
 # models translates val with beam 5 for every λ in LAMBDAS, and test with the λ best on val
 # (translate-*.json beside the run). Table: targetlm compare runs/nmt --metric bleu --lambda-on valid
 # FAMILY=... picks another preset family (e.g. nmt-small-multi30k on a GPU). EPOCHS=N trains N
-# epochs instead of the preset's; SET="key=value ..." adds --set overrides (e.g. the device).
+# epochs instead of the preset's; SET="key=value ..." adds --set overrides (e.g. the device),
+# LABEL=NAME puts such a variant in runs/nmt/DIRECTION-PRESET-NAME-sSEED, e.g. a separate
+# source embedding: LABEL=srcemb SET='model.source_embedding.kind="lookup"
+# model.source_embedding.size=128 model.source_embedding.init_std=0.0884' ... en-de wdr 1
 set -euo pipefail
 direction=$1 preset=$2 seed=$3
 source_lang=${direction%-*} target_lang=${direction#*-}
 LAMBDAS=${LAMBDAS:-"0.1 0.3 0.5"}
 FAMILY=${FAMILY:-nmt-tiny-multi30k}
 root=${RUNS:-runs/nmt}
-run=$root/$direction-$preset-s$seed
+run=$root/$direction-$preset${LABEL:+-$LABEL}-s$seed
 data=${TARGETLM_DATA:?set TARGETLM_DATA to the directory holding multi30k/}/multi30k
 extra=()
 [ -n "${EPOCHS:-}" ] && extra+=(--set train.epochs="$EPOCHS")

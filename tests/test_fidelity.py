@@ -119,6 +119,7 @@ SCRIPT_EXAMPLES = {
     "common.sh": ("heo_lstm_ptb.sh", ["1", "base"]),
     "diffusion_multi30k.sh": ("diffusion_multi30k.sh", ["en-de", "base", "1"]),
     "diversity.sh": ("diversity.sh", []),
+    "head_kinds_ptb.sh": ("head_kinds_ptb.sh", ["1"]),
     "heo_tf_ptb.sh": ("heo_tf_ptb.sh", ["base", "1"]),
     "inan_ptb_cpu.sh": ("inan_ptb_cpu.sh", ["base", "1"]),
     "inan_small_ptb.sh": ("inan_small_ptb.sh", ["1"]),

@@ -6,6 +6,7 @@ with every output layer (``OUTPUT_OPTIONS``) and every head kind (``HEADS``, and
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -31,6 +32,7 @@ from targetlm.inference.translate import (
     score_translations,
 )
 from targetlm.modules import HEADS, build_model
+from targetlm.registry import ConfigError
 from targetlm.tasks import Batch, TranslationTask, pair_batches
 
 V, EOS = 40, 1
@@ -504,3 +506,66 @@ def test_training_continues_in_train_mode_after_validation_and_decoding(tmp_path
     model.eval()
     trainer.train_step(trainer.batches[0], 1e-3)
     assert model.training  # a training step always trains in train mode
+
+
+# --- a separate source embedding --------------------------------------------------------------
+
+
+def with_source_embedding(config: ModelConfig, size: int = 16) -> ModelConfig:
+    source = ComponentConfig("lookup", {"size": size, "init_std": 0.25})
+    return dataclasses.replace(config, source_embedding=source)
+
+
+def test_a_separate_source_embedding_reads_the_source_and_only_the_source():
+    config = seq2seq_config("transformer_seq2seq")
+    torch.manual_seed(0)
+    shared = build_model(config, V)
+    torch.manual_seed(0)
+    separate = build_model(with_source_embedding(config), V)
+    # built last: the shared parts draw the same initial weights as a model without it
+    for name, tensor in shared.state_dict().items():
+        torch.testing.assert_close(separate.state_dict()[name], tensor, rtol=0, atol=0)
+    assert separate.parameter_counts()["source_embedding"] == V * 16
+    assert "source_embedding" not in shared.parameter_counts()
+    source = torch.randint(2, V, (3, 5))
+    torch.testing.assert_close(separate.embed_source(source), separate.source_embedding(source))
+    torch.testing.assert_close(shared.embed_source(source), shared.embedding(source))
+    separate.eval()
+    task = TranslationTask()
+    b = batch()
+    before = task.predict(separate, b).main
+    with torch.no_grad():  # the source table changes what is predicted ...
+        separate.source_embedding.weight.mul_(2.0)
+    assert not torch.allclose(task.predict(separate, b).main, before)
+    # ... and the gradient of a loss reaches it
+    separate.source_embedding.weight.grad = None
+    task.predict(separate, b).main.sum().backward()
+    assert separate.source_embedding.weight.grad.abs().sum() > 0
+
+
+def test_a_source_embedding_is_refused_where_no_source_is_read_or_its_size_differs(tmp_path):
+    from targetlm import builders
+
+    lm = {"data": {"name": "synthetic"}, "model": {"source_embedding": {"kind": "lookup"}}}
+    with pytest.raises(
+        ConfigError, match="model.source_embedding: task.kind = 'lm' reads no source"
+    ):
+        builders.config_from_dict(lm)  # (it validates)
+    with pytest.raises(ConfigError, match="model.source_embedding.size = 8: the encoder reads"):
+        build_model(with_source_embedding(seq2seq_config("transformer_seq2seq"), size=8), V)
+
+
+def test_translation_with_a_separate_source_embedding_trains_and_translates(tmp_path, capsys):
+    data = write_corpus(tmp_path / "data", pairs=60)
+    config = tiny_translation_config(tmp_path, data)
+    run = tmp_path / "run"
+    sets = ['model.source_embedding.kind="lookup"', "model.source_embedding.size=16"]
+    args = ["train", str(config), "--run-dir", str(run), "--set", "train.max_steps=3"]
+    assert main([*args, *(a for s in sets for a in ("--set", s))]) == 0
+    capsys.readouterr()
+    assert main(["describe", str(run / "config.toml")]) == 0
+    assert "source_embedding" in capsys.readouterr().out
+    output = tmp_path / "hyp.txt"
+    assert main(["translate", str(run), "--input", str(data / "test.src"), "--output",
+                 str(output), "--beam", "2"]) == 0  # fmt: skip
+    assert len(output.read_text().splitlines()) == 20

@@ -113,6 +113,10 @@ class ModelConfig:
     output: ComponentConfig = _component("tied")
     # N-gram prediction heads (Heo et al.): "simple" | "wdr"; "none" is plain next-word training
     heads: ComponentConfig = _component("none")
+    # the embedding that reads a source sentence (translation, diffusion): "none" reads it with
+    # [model.embedding], shared with the target side as the papers' recipes share one joint
+    # vocabulary's table; an input-embedding kind gives the source its own table
+    source_embedding: ComponentConfig = _component("none")
     # a pretrained model that supplies the embedding, encoder and output layer at once:
     # "hf" (a Hugging Face causal LM, targetlm.modules.hf); "none": the three components above
     backbone: ComponentConfig = _component("none")

@@ -254,7 +254,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="segments per step")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     p.add_argument(
-        "--held-out", type=float, default=0.1, help="fraction of the segments read (the cached ones and these) kept apart for agreement"
+        "--held-out",
+        type=float,
+        default=0.1,
+        help="fraction of the segments read (the cached ones and these) kept apart for agreement",
     )
     p.add_argument(
         "--cache-mb",

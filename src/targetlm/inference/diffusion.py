@@ -152,7 +152,7 @@ def generate(
     ``lengths`` (B,): given target lengths (``<eos>`` included; the oracle), instead of the
     length classifier's beam (then each row has only its S samples)."""
     denoiser = denoiser_of(model)
-    memory = denoiser.start(model.embedding(source), mask)
+    memory = denoiser.start(model.embed_source(source), mask)
     B, device = source.size(0), source.device
     Lb, S, K = options.length_beam, options.samples, options.steps
     if lengths is None:

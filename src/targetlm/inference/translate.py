@@ -185,7 +185,7 @@ def seq2seq_of(model: LanguageModel) -> TransformerSeq2Seq:
 def _start(
     model: LanguageModel, source: torch.Tensor, mask: torch.Tensor, cache: bool
 ) -> DecoderState:
-    return seq2seq_of(model).start(model.embedding(source), mask, cache=cache)
+    return seq2seq_of(model).start(model.embed_source(source), mask, cache=cache)
 
 
 def max_lengths(mask: torch.Tensor, options: DecodeOptions, context: int) -> torch.Tensor:

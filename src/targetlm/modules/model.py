@@ -23,6 +23,7 @@ from targetlm.modules.embeddings import INPUT_EMBEDDINGS
 from targetlm.modules.encoders import ENCODERS, Encoder
 from targetlm.modules.heads import NgramHeads, build_heads
 from targetlm.modules.outputs import OUTPUT_LAYERS, OutputLayer
+from targetlm.registry import ConfigError
 
 if TYPE_CHECKING:
     from targetlm.config import ModelConfig
@@ -88,12 +89,15 @@ class LanguageModel(nn.Module):
         encoder: Encoder,
         output: OutputLayer,
         heads: NgramHeads | None = None,
+        source_embedding: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.embedding = embedding
         self.encoder = encoder
         self.output = output
         self.heads = heads
+        # a source sentence's own embedding (None: the source reads ``embedding``)
+        self.source_embedding = source_embedding
         hidden, d = encoder.output_size, output.embedding_dim
         # maps the encoder's output to the output embedding space when the sizes differ
         self.projection = nn.Linear(hidden, d, bias=False) if hidden != d else nn.Identity()
@@ -101,6 +105,12 @@ class LanguageModel(nn.Module):
     def encode(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         """tokens (B, T) -> encoder output h (B, T, H) and the state that continues the stream."""
         return self.encoder(self.embedding(tokens), state)
+
+    def embed_source(self, source: torch.Tensor) -> torch.Tensor:
+        """Source ids (B, S) -> their vectors (B, S, d_in) for a conditional encoder: the
+        source's own embedding, or the shared input embedding when it has none."""
+        embedding = self.embedding if self.source_embedding is None else self.source_embedding
+        return embedding(source)
 
     @property
     def num_heads(self) -> int:
@@ -146,6 +156,8 @@ class LanguageModel(nn.Module):
             "output": nn.ModuleList([self.output, self.projection]),
             "heads": nn.ModuleList([] if self.heads is None else [self.heads]),
         }
+        if self.source_embedding is not None:
+            parts["source_embedding"] = self.source_embedding
         seen: set[int] = set()
         counts = {}
         for name, module in parts.items():
@@ -175,6 +187,11 @@ def build_model(
         backbone = BACKBONES.build(
             config.backbone.kind, config.backbone.options, "model.backbone", vocab_size=vocab_size
         )
+        if config.source_embedding.kind != "none":
+            raise ConfigError(
+                f"model.source_embedding.kind = {config.source_embedding.kind!r}: a pretrained "
+                "backbone reads no source sentence (use 'none')"
+            )
         heads = build_heads(config.heads, embedding_dim=backbone.output.embedding_dim)
         return LanguageModel(backbone.embedding, backbone.encoder, backbone.output, heads)
     limits = _lexicon_limits(config)
@@ -204,7 +221,23 @@ def build_model(
         lexicon=lexicon,
     )
     heads = build_heads(config.heads, embedding_dim=output.embedding_dim)
-    return LanguageModel(embedding, encoder, output, heads)
+    source_embedding = None
+    if config.source_embedding.kind != "none":
+        source_embedding = INPUT_EMBEDDINGS.build(
+            config.source_embedding.kind,
+            config.source_embedding.options,
+            "model.source_embedding",
+            vocab_size=vocab_size,
+            words=words,
+            lexicon=lexicon,
+        )
+        if source_embedding.size != embedding.size:
+            raise ConfigError(
+                f"model.source_embedding.size = {source_embedding.size}: the encoder reads "
+                f"vectors of model.embedding.size = {embedding.size}"
+            )
+    # built last, so a model without it draws the same initial weights as before it existed
+    return LanguageModel(embedding, encoder, output, heads, source_embedding)
 
 
 def _lexicon_limits(config: ModelConfig) -> tuple[int, int] | None:
@@ -213,7 +246,10 @@ def _lexicon_limits(config: ModelConfig) -> tuple[int, int] | None:
     for registry, component in (
         (INPUT_EMBEDDINGS, config.embedding),
         (OUTPUT_LAYERS, config.output),
+        (INPUT_EMBEDDINGS, config.source_embedding),
     ):
+        if component.kind == "none":  # no source embedding of its own
+            continue
         parameters = inspect.signature(registry.get(component.kind)).parameters
         options = {k: p.default for k, p in parameters.items()} | component.options
         if "lexicon" in parameters and (options["relations"] or options["definitions"]):

@@ -100,6 +100,11 @@ class Task(ABC):
                 if self.conditional
                 else f"{where} reads a source sentence: use task.kind = 'translation', not {kind!r}"
             )
+        if model.source_embedding is not None and not self.conditional:
+            raise ConfigError(
+                f"model.source_embedding: task.kind = {kind!r} reads no source sentence "
+                "(set model.source_embedding.kind = 'none')"
+            )
         if encoder.causal != self.causal:
             raise ConfigError(
                 f"task.kind = {kind!r} predicts from the past only: {where} reads the whole "

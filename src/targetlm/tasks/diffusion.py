@@ -194,7 +194,7 @@ class DiffusionTask(SentencePairTask):
         time = self.sample_times(model, B, device, generator)
         noise = torch.randn(clean.shape, device=device, generator=generator, dtype=clean.dtype)
         noised = self.schedule.noise(clean, time, noise)
-        memory = denoiser.start(model.embedding(batch.source), batch.source_mask)
+        memory = denoiser.start(model.embed_source(batch.source), batch.source_mask)
         previous = None
         # the self-conditioning coin decides on the host which passes run: drawn on the CPU
         # (from ``coin_generator``, else ``generator`` when it is the CPU's, else torch's CPU

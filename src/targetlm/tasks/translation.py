@@ -269,7 +269,7 @@ class TranslationTask(SentencePairTask):
         batch is new sentences), so the returned one is None."""
         if batch.source is None or batch.source_mask is None:
             raise ValueError("a translation batch needs its source and source_mask")
-        start = model.encoder.start(model.embedding(batch.source), batch.source_mask)
+        start = model.encoder.start(model.embed_source(batch.source), batch.source_mask)
         prediction = model(batch.inputs, start, run_heads=run_heads)
         return Prediction(prediction.main, prediction.heads, None)
 
