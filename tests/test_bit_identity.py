@@ -6,16 +6,17 @@ final results and a digest of the trained weights with the numbers recorded in
 ``tests/data/bit_identity.json``. A change to the trainer, the tasks, the objectives or the
 evaluation that moves any number by one ulp fails here.
 
-The bits depend on the CPU's kernels as well as on the code: torch and MKL pick AVX2 or
-AVX-512 code paths whose float results differ in the last bits. So the numbers are recorded per
-kernel set (``torch.backends.cpu.get_cpu_capability()``), each from the same code: the commit
-before the one-trainer redesign (70fce30). The ``AVX2`` numbers are the ones a machine without
-AVX-512 recorded (an AVX-512 machine does not reproduce them; the machine itself was not
-noted), the ``AVX512`` ones were recorded on an AVX-512 Xeon by running this file's
-``--record`` with that commit's ``src`` on the path. On a CPU of another kernel set the test is
-skipped and says so. Record again (only for an intended change of the numbers, or to add this
-CPU's kernel set from the commit before a change) with
-``python tests/test_bit_identity.py --record``.
+The bits depend on the CPU's kernels as well as on the code: torch and MKL choose their code
+paths by what the CPU offers, and those paths' float results differ in the last bits. So the
+numbers are recorded per kernel set (:func:`kernel_set`: torch's CPU capability, plus ``AMX``
+where the CPU has Intel's matrix extensions, on which MKL takes other paths), each from the same
+code: the commit before the one-trainer redesign (70fce30). ``AVX512`` was recorded on the
+AVX-512 Xeon of the earlier sessions (without AMX, we infer: an AMX machine running the same
+code does not reproduce its numbers); ``AVX512-AMX`` on an AVX-512 + AMX Xeon, by
+running this file's ``--record`` with that commit's ``src`` on the path (the code of the
+redesign reproduces both). On a CPU of another kernel set the test is skipped and says so.
+Record again (only for an intended change of the numbers, or to add this CPU's kernel set
+from the commit before a change) with ``python tests/test_bit_identity.py --record``.
 """
 
 from __future__ import annotations
@@ -230,8 +231,14 @@ def run_case(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict
 
 
 def kernel_set() -> str:
-    """The CPU code paths torch dispatches to (e.g. ``AVX2``, ``AVX512``): the key of a record."""
-    return torch.backends.cpu.get_cpu_capability()
+    """The CPU code paths torch and MKL take (e.g. ``AVX2``, ``AVX512``, ``AVX512-AMX``): the
+    key of a record."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:  # not Linux: the capability alone
+        return capability
+    return f"{capability}-AMX" if "amx_tile" in flags else capability
 
 
 @pytest.mark.parametrize("name", CASES)
