@@ -52,6 +52,7 @@ thread count, model, batch and drafter; ``model`` names the run or the heads).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -172,8 +173,9 @@ def prompts_from(config, vocab, count: int = 4, lengths=(16, 9, 24, 12)) -> list
 def evaluation_of(run: Path) -> dict[str, Any]:
     """What a run directory says about its model: parameters (``results.json``), main-head test
     perplexity (λ 0) and the ensemble λ chosen on valid with its test perplexity, from
-    ``eval-valid.json`` / ``eval-test.json`` (``targetlm eval --ensemble-lambda ... --json``);
-    without them, the test perplexity ``targetlm train`` wrote (``ppl_source`` says which)."""
+    ``eval-valid.json`` / ``eval-test.json`` (``targetlm eval --ensemble-lambda ... --json``)
+    written after its checkpoint; without them, the test perplexity ``targetlm train`` wrote
+    (``ppl_source`` says which)."""
     out: dict[str, Any] = {}
     if not run.is_dir():  # a config file: the model as built or published
         return out
@@ -186,11 +188,23 @@ def evaluation_of(run: Path) -> dict[str, Any]:
             print(f"warning: {path} is unreadable; ignored")
             return None
 
+    checkpoint = run / "best.pt"
+    written = checkpoint.stat().st_mtime if checkpoint.is_file() else None
+
+    def evaluated(split: str) -> dict[str, Any] | None:
+        """eval-SPLIT.json, unless it is older than the checkpoint: then it describes another
+        model (``targetlm train-heads`` copies the source run's files beside new heads)."""
+        path = run / f"eval-{split}.json"
+        if written is not None and path.is_file() and path.stat().st_mtime < written:
+            print(f"note: {path} is older than {checkpoint.name}: ignored (evaluate again)")
+            return None
+        return read(path.name)
+
     results = read("results.json") or {}
     if "total_params" in results:
         out["params"] = results["total_params"]
         out["head_params"] = results.get("params", {}).get("heads", 0)
-    valid, test = read("eval-valid.json"), read("eval-test.json")
+    valid, test = evaluated("valid"), evaluated("test")
     if test is not None:
         out["test_ppl"], out["ppl_source"] = test["ppl"], "eval-test.json"
     elif "test" in results:
@@ -207,8 +221,6 @@ def evaluation_of(run: Path) -> dict[str, Any]:
 def distilled(model, config, vocab, kind: str, steps: int, tokens: int, corpus: str):
     """A copy of ``model`` sharing its body, with new ``kind`` heads (N = 4, or the body's own
     N) trained by self-distillation on ``tokens`` tokens of the ``corpus`` split."""
-    import copy
-
     from targetlm.config import ComponentConfig
     from targetlm.data import with_context_token
     from targetlm.modules.heads import build_heads
@@ -241,6 +253,32 @@ def distilled(model, config, vocab, kind: str, steps: int, tokens: int, corpus: 
         + ", ".join(f"{a:.2f}" for a in agreement)
     )
     return student.eval()
+
+
+def body_weights(model) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if not k.startswith("heads.")}
+
+
+def share_bodies(entries: dict[str, Entry]) -> None:
+    """Runs whose bodies are the same weights (heads trained on one frozen body by ``targetlm
+    train-heads``, one run per kind) are measured against the first such run's greedy
+    decoding, on its modules (loaded once): only their heads differ."""
+    bodies: list[tuple[str, dict[str, torch.Tensor]]] = []
+    for label, entry in entries.items():
+        weights = body_weights(entry.model)
+        for first, theirs in bodies:
+            if weights.keys() == theirs.keys() and all(
+                weights[k].shape == theirs[k].shape and torch.equal(weights[k], theirs[k])
+                for k in weights
+            ):
+                heads = entry.model.heads
+                entry.model = copy.copy(entries[first].model)
+                entry.model._modules = {**entries[first].model._modules, "heads": heads}
+                entry.body, entry.prompts = first, entries[first].prompts
+                print(f"note: {label} has {first}'s body (the same weights): its baseline")
+                break
+        else:
+            bodies.append((label, weights))
 
 
 class Counter:
@@ -392,6 +430,7 @@ def main() -> None:
                 run if args.run else None,
                 evaluation_of(Path(run)),
             )
+    share_bodies(entries)
     body_label, body = next(iter(entries.items()))
     for kind in [k for k in args.distill.split(",") if k]:
         student = distilled(
@@ -464,10 +503,14 @@ def main() -> None:
                 f"{c['prefix']}), against one ({one * 1e3:.2f} ms): "
                 + ", ".join(f"k {k}: {c[f'verify_{k}'] / one:.2f}x" for k in VERIFY_WIDTHS[1:])
             )
+            drafting = (
+                f"drafting with the heads: {c['draft_cost']:.2f}x a token"
+                if entry.drafts
+                else "no drafting heads (prompt lookup's drafting is not timed here)"
+            )
             print(
-                f"drafting with the heads: {c['draft_cost']:.2f}x a token; break-even with "
-                f"{n_drafted} drafted tokens (verify {width}): {c['break_even']:.2f} accepted "
-                "per step"
+                f"{drafting}; break-even with {n_drafted} drafted tokens (verify {width}): "
+                f"{c['break_even']:.2f} accepted per step"
             )
 
     variants = []  # (threads, batch, model label, drafter)
@@ -526,7 +569,7 @@ def main() -> None:
         """Rows whose tokens differ from the body's greedy output, and the first position."""
         ours, theirs = outputs[greedy_of(v)], outputs[v]
         rows = []
-        for row, (a, b) in enumerate(zip(ours, theirs)):
+        for a, b in zip(ours, theirs):
             if a != b:
                 rows.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)))
         return rows
@@ -612,8 +655,8 @@ def main() -> None:
             e = entry.evaluation
             c = costs[threads][label]
 
-            def cell(b: int, drafter: str, key: str, source: str = label):
-                row = row_of.get((threads, b, source, drafter))
+            def cell(b: int, drafter: str, key: str, source: str = label, at: int = threads):
+                row = row_of.get((at, b, source, drafter))
                 return None if row is None else row[key]
 
             record = {
@@ -647,7 +690,7 @@ def main() -> None:
             if any_hf:
                 line += f" {fmt(record['hf_lookup_speedup_b1'], suffix='x')} |"
             print(line)
-        sources = {e.evaluation.get("ppl_source") for e in entries.values()} - {None}
+        sources = {e.evaluation.get("ppl_source") for e in entries.values() if e.run is not None}
         if "results.json" in sources:
             print(
                 "(test ppl from results.json where a run has no eval-test.json: run "
@@ -662,7 +705,9 @@ def main() -> None:
             if entry.body != label:
                 continue
             mine = [r for r in table if r["threads"] == threads and r["drafter"] not in PEERS]
-            mine = [r for r in mine if entries[r["model"]].body == label and r["drafter"] != "greedy"]
+            mine = [
+                r for r in mine if entries[r["model"]].body == label and r["drafter"] != "greedy"
+            ]
             if not mine:
                 continue
             best = {
@@ -679,7 +724,7 @@ def main() -> None:
                 "speedup_b4": best[4]["speedup"],
                 "met_b1": best[1]["speedup"] >= 1.5,
                 "met_b4": best[4]["speedup"] >= 1.3,
-                "hf_lookup_speedup_b1": None if hf_lookup is None else hf_lookup["speedup_vs_hf_greedy"],
+                "hf_lookup_speedup_b1": hf_lookup and hf_lookup["speedup_vs_hf_greedy"],
             }
             if hf_lookup is not None:
                 goal["met_vs_hf_lookup"] = best[1]["speedup"] >= goal["hf_lookup_speedup_b1"]
@@ -698,7 +743,9 @@ def main() -> None:
             print(said)
 
     first = args.threads[0]
-    drafting = [r for r in table if r["drafter"] not in ("greedy", *PEERS) and r["threads"] == first]
+    drafting = [
+        r for r in table if r["drafter"] not in ("greedy", *PEERS) and r["threads"] == first
+    ]
     best_b1 = max((r for r in drafting if r["batch"] == 1), key=lambda r: r["speedup"])
     first_costs = costs[first][body_label]
     one = first_costs["verify_1"]
