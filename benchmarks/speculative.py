@@ -145,9 +145,10 @@ def step_costs(model, vocab, prefix: int = 128, rounds: int = 20) -> dict[str, f
         if heads is not None and model.num_heads > 0 and getattr(heads, "drafts", True):
             parts["draft"] = (draft, lambda: None)
         times = {name: [] for name in parts}
-        for part, after in parts.values():  # warm-up
-            part()
-            after()
+        for _ in range(3):  # warm-up (the first reads of a new shape cost more)
+            for part, after in parts.values():
+                part()
+                after()
         for r in range(rounds):
             names = list(parts)
             for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -201,6 +202,12 @@ def evaluation_of(run: Path) -> dict[str, Any]:
         return read(path.name)
 
     results = read("results.json") or {}
+    heads = read("heads.json")  # targetlm train-heads: the heads' own training
+    if heads is not None:
+        out["training"] = {"heads_steps": heads.get("steps"), "seconds": heads.get("seconds")}
+        out["training"]["agreement"] = heads.get("agreement")
+    elif "steps" in results:
+        out["training"] = {"steps": results["steps"], "seconds": results.get("wall_time_s")}
     if "total_params" in results:
         out["params"] = results["total_params"]
         out["head_params"] = results.get("params", {}).get("heads", 0)
@@ -247,12 +254,13 @@ def distilled(model, config, vocab, kind: str, steps: int, tokens: int, corpus: 
     with torch.no_grad():
         weight, bias = student.output()
     agreement = distill.head_agreement(student.heads, held_out, weight, bias)
+    seconds = time.perf_counter() - started
     print(
         f"distilled {kind} heads: {steps} steps on {train.hidden.shape[0] * segment} tokens in "
-        f"{time.perf_counter() - started:.0f} s; held-out agreement "
-        + ", ".join(f"{a:.2f}" for a in agreement)
+        f"{seconds:.0f} s; held-out agreement " + ", ".join(f"{a:.2f}" for a in agreement)
     )
-    return student.eval()
+    training = {"heads_steps": steps, "seconds": seconds, "agreement": agreement}
+    return student.eval(), training
 
 
 def body_weights(model) -> dict[str, torch.Tensor]:
@@ -355,6 +363,18 @@ def unique_label(path: Path, taken) -> str:
     return label
 
 
+def trained(training: dict[str, Any] | None) -> str:
+    """``1,500 steps, 52 min`` (the run's training), ``heads 1,500 steps, 52 min`` (heads trained
+    on a frozen body), or nothing when unknown."""
+    if not training:
+        return ""
+    steps = training.get("heads_steps", training.get("steps"))
+    seconds = training.get("seconds")
+    said = "heads " if "heads_steps" in training else ""
+    said += "" if steps is None else f"{steps:,} steps"
+    return said + ("" if seconds is None else f", {seconds / 60:.1f} min")
+
+
 def fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
     return "" if value is None else f"{value:.{digits}f}{suffix}"
 
@@ -433,7 +453,7 @@ def main() -> None:
     share_bodies(entries)
     body_label, body = next(iter(entries.items()))
     for kind in [k for k in args.distill.split(",") if k]:
-        student = distilled(
+        student, training = distilled(
             body.model,
             body.config,
             body.vocab,
@@ -444,11 +464,21 @@ def main() -> None:
         )
         heads = sum(p.numel() for p in student.heads.parameters())
         entries[f"{kind}-distilled"] = Entry(
-            student, body.vocab, body.config, body_label, body.prompts, None, {"head_params": heads}
+            student,
+            body.vocab,
+            body.config,
+            body_label,
+            body.prompts,
+            None,
+            {"head_params": heads, "training": training},
         )
     for label, entry in entries.items():
+        own, body_of = entry.evaluation, entries[entry.body].evaluation
+        if "test_ppl" not in own and "test_ppl" in body_of:  # heads on a body: its main head
+            own["test_ppl"], own["ppl_source"] = body_of["test_ppl"], f"{entry.body} (its body)"
         if "params" not in entry.evaluation:
             entry.evaluation["params"] = sum(p.numel() for p in entry.model.parameters())
+        entry.evaluation["dtype"] = str(next(entry.model.parameters()).dtype).removeprefix("torch.")
         window = getattr(entry.model.encoder, "max_context", None)
         longest = max(len(p) for p in entry.prompts[:4]) + 1
         if window is not None and longest + args.new_tokens + entry.model.num_heads > window:
@@ -637,15 +667,16 @@ def main() -> None:
     any_hf = bool(hf_notes)
     for threads in args.threads:
         print(
-            f"\nper model, {threads} thread(s): params, main-head test ppl (lambda 0), the "
-            "lambda chosen on valid and its test ppl, break-even acceptance (heads), accepted "
-            "per step and speed-up over greedy (heads; prompt lookup for reference)"
+            f"\nper model, {threads} thread(s): params, training (steps, minutes), main-head test "
+            "ppl (lambda 0), the lambda chosen on valid and its test ppl, break-even acceptance "
+            "(heads), accepted per step and speed-up over greedy (heads; prompt lookup for "
+            "reference)"
         )
         header = (
-            "| model | params | test ppl | lambda | test ppl at lambda | break-even "
+            "| model | params | trained | test ppl | lambda | test ppl at lambda | break-even "
             "| heads acc b1 | heads b1 | heads acc b4 | heads b4 | lookup b1 | lookup b4 |"
         )
-        rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        rule = "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         if any_hf:
             header += " hf lookup b1 (vs hf greedy) |"
             rule += "---:|"
@@ -678,7 +709,8 @@ def main() -> None:
             runs_table.append(record)
             lam = e.get("lambda")
             line = (
-                f"| {label} | {e.get('params', 0):,} | {fmt(e.get('test_ppl'))} | "
+                f"| {label} | {e.get('params', 0):,} | {trained(e.get('training'))} | "
+                f"{fmt(e.get('test_ppl'))} | "
                 f"{'' if lam is None else f'{lam:g}'} | {fmt(e.get('test_ppl_lambda'))} | "
                 f"{fmt(record['break_even'])} | {fmt(record['heads_accepted_b1'])} | "
                 f"{fmt(record['heads_speedup_b1'], suffix='x')} | "
