@@ -39,7 +39,7 @@ speed-up at batch 1 and 4 for the heads and, for reference, prompt lookup.
                                      [--train-steps 1500]
                                      [--distill medusa,gloeckle,mtp --distill-steps 2000]
                                      [--new-tokens 128] [--rounds 5] [--threads 1,2]
-                                     [--hf-lookup-tokens 10] [--json-out FILE]
+                                     [--hf-lookup-tokens 10] [--lookup-tokens 4] [--json-out FILE]
 
 The last stdout line is one JSON object (also written to ``--json-out``): ``identical``,
 ``speedup_b1`` and ``speedup_b4`` (the best drafter's median tokens/s over its body's greedy,
@@ -410,6 +410,11 @@ def main() -> None:
         default=10,
         help="transformers' prompt_lookup_num_tokens for the 'hf lookup' peer (hf runs)",
     )
+    parser.add_argument(
+        "--lookup-tokens",
+        type=int,
+        help="tokens our prompt lookup drafts per step (default: the decoder's, 4)",
+    )
     parser.add_argument("--no-hf-peers", action="store_true", help="skip transformers' generate")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-out", type=Path, help="write the result JSON here too")
@@ -522,7 +527,8 @@ def main() -> None:
         for label, entry in entries.items():
             c = step_costs(entry.model, entry.vocab)
             one = c["verify_1"]
-            n_drafted = entry.model.num_heads if entry.drafts else 4  # lookup drafts 4
+            lookup = args.lookup_tokens or speculative.LOOKUP_TOKENS
+            n_drafted = entry.model.num_heads if entry.drafts else lookup
             width = max(k for k in VERIFY_WIDTHS if k <= min(n_drafted + 1, max(VERIFY_WIDTHS)))
             c["draft_cost"] = c.get("draft", 0.0) / one
             c["break_even"] = c["draft_cost"] + c[f"verify_{width}"] / one - 1
@@ -574,6 +580,7 @@ def main() -> None:
                 max_tokens=args.new_tokens,
                 temperature=0,
                 speculative=False if drafter == "greedy" else drafter,
+                draft_tokens=args.lookup_tokens if drafter == "lookup" else None,
             )
             seconds, accepted = result.seconds, result.acceptance
             tokens = [r.tokens for r in result.rows]
@@ -792,6 +799,7 @@ def main() -> None:
         "rounds": args.rounds,
         "threads": args.threads,
         "hf_lookup_tokens": args.hf_lookup_tokens,
+        "lookup_tokens": args.lookup_tokens or speculative.LOOKUP_TOKENS,
         "verify_cost": {k: first_costs[f"verify_{k}"] / one for k in VERIFY_WIDTHS},
         "draft_cost": {label: c["draft_cost"] for label, c in costs[first].items()},
         "break_even_accepted": {label: c["break_even"] for label, c in costs[first].items()},
