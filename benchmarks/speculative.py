@@ -144,7 +144,7 @@ def step_costs(model, vocab, prefix: int = 128, rounds: int = 20) -> dict[str, f
         heads = model.heads
         if heads is not None and model.num_heads > 0 and getattr(heads, "drafts", True):
             parts["draft"] = (draft, lambda: None)
-        times = {name: [] for name in parts}
+        times: dict[str, list[float]] = {name: [] for name in parts}
         for _ in range(3):  # warm-up (the first reads of a new shape cost more)
             for part, after in parts.values():
                 part()
@@ -468,7 +468,10 @@ def main() -> None:
             args.distill_corpus,
         )
         heads = sum(p.numel() for p in student.heads.parameters())
-        entries[f"{kind}-distilled"] = Entry(
+        label = f"{kind}-distilled"
+        while label in entries:  # a run of that name was given
+            label += "'"
+        entries[label] = Entry(
             student,
             body.vocab,
             body.config,
@@ -539,13 +542,13 @@ def main() -> None:
                 f"{c['prefix']}), against one ({one * 1e3:.2f} ms): "
                 + ", ".join(f"k {k}: {c[f'verify_{k}'] / one:.2f}x" for k in VERIFY_WIDTHS[1:])
             )
-            drafting = (
+            drafts = (
                 f"drafting with the heads: {c['draft_cost']:.2f}x a token"
                 if entry.drafts
                 else "no drafting heads (prompt lookup's drafting is not timed here)"
             )
             print(
-                f"{drafting}; break-even with {n_drafted} drafted tokens (verify {width}): "
+                f"{drafts}; break-even with {n_drafted} drafted tokens (verify {width}): "
                 f"{c['break_even']:.2f} accepted per step"
             )
 
@@ -587,7 +590,7 @@ def main() -> None:
         made = sum(len(t) for t in tokens)
         return made / seconds, tokens, accepted, counter.count - before
 
-    speeds = {v: [] for v in variants}
+    speeds: dict[tuple, list[float]] = {v: [] for v in variants}
     outputs, acceptance, forwards = {}, {}, {}
     started = time.perf_counter()
     for v in variants:  # warm-up
