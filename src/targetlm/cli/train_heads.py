@@ -34,6 +34,14 @@ NOT_COPIED = {
 HEADS_RESULTS = "heads.json"
 
 
+def _results_of_another_model(name: str) -> bool:
+    """Whether a file of the source run is left behind: training-only or rewritten files, hidden
+    ones, and what was measured on the source model (its evaluations, translations, scores),
+    which the new heads would make stale."""
+    measured = name.startswith(("eval-", "translate-", "score-", "generate-"))
+    return name in NOT_COPIED or name.startswith(".") or measured
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm train-heads``; returns the exit status."""
     from targetlm import config as config_lib
@@ -151,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if Path(args.source).is_dir():
             for item in Path(args.source).iterdir():
-                if item.is_file() and item.name not in NOT_COPIED and not item.name.startswith("."):
+                if item.is_file() and not _results_of_another_model(item.name):
                     shutil.copy2(item, staging / item.name)
         else:  # a config file: its vocabulary (and the tokenizer's own file) are written here
             vocab.save(staging / VOCAB)
