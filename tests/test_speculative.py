@@ -388,6 +388,15 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
     assert lookup.propose(0, 9, 2) == [1, 2]  # "2 3 9" at 2-4: followed by 1 2
     lookup.select([0])
     assert lookup.propose(0, 8, 5) == [3, 1, 2, 3, 8]  # "7 8" then the text's own end + d_0
+    # ... and past the end the copy copies itself: the text repeats from the match
+    assert lookup.propose(0, 8, 8) == [3, 1, 2, 3, 8, 3, 1, 2]
+
+
+def test_prompt_lookup_drafts_a_loop_as_far_as_asked():
+    lookup = speculative.PromptLookup([[7, 4, 5, 6, 4, 5, 6, 4]], max_ngram=3)
+    # "4 5 6" ... "4" then d_0 = 5: the latest "4 5" is followed by 6 4 5 (the end), then on
+    assert lookup.propose(0, 5, 7) == [6, 4, 5, 6, 4, 5, 6]
+    assert lookup.propose(0, 9, 7) == []
 
 
 # --- bad input ------------------------------------------------------------------------------

@@ -144,12 +144,19 @@ class PromptLookup:
         self._register(row, start)
 
     def propose(self, row: int, first: int, length: int) -> list[int]:
-        """Up to ``length`` tokens to follow ``first`` in ``row`` ([] when nothing matches)."""
+        """``length`` tokens to follow ``first`` in ``row`` ([] when nothing matches).
+
+        A copy that reaches the end of the text goes on copying itself: the text is taken to
+        keep repeating from the match, so a loop (which greedy text of small models often is)
+        is drafted ``length`` tokens ahead, not only up to the end of its latest period."""
         text = self.texts[row] + [first]
         for n in range(min(self.max_ngram, len(text)), self.min_ngram - 1, -1):
             position = self.index[row].get(tuple(text[-n:]))
             if position is not None:
-                return text[position : position + length]
+                proposal = text[position : position + length]
+                while len(proposal) < length:  # position + j lies past the text: a drafted token
+                    proposal.append(proposal[position + len(proposal) - len(text)])
+                return proposal
         return []
 
     def select(self, rows: Sequence[int]) -> None:
