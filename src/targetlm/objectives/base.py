@@ -41,12 +41,13 @@ class LossSums:
     can divide by another count (the whole batch's over several processes) once, and so that
     each term is divided as its mean was (the same bits as ``w·S.mean()``).
 
-    ``nll_sum``: the summed next-word negative log-likelihood (detached; perplexity).
+    ``nll_sum``: the summed next-word negative log-likelihood (detached; perplexity); None
+    for a loss that is no word's likelihood (the diffusion loss's squared errors).
     ``count``: the scored positions (for a loss over vectors, positions x dimensions).
     """
 
     terms: tuple[tuple[float, torch.Tensor], ...]
-    nll_sum: torch.Tensor
+    nll_sum: torch.Tensor | None
     count: int
 
     def __post_init__(self) -> None:
@@ -79,4 +80,3 @@ class LossOutput:
     loss: torch.Tensor  # scalar to back-propagate (each part a mean over its scored positions)
     nll_sum: torch.Tensor  # summed next-word negative log-likelihood, detached (perplexity)
     count: int  # scored positions of the next word
-

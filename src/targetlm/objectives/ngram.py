@@ -67,9 +67,7 @@ def later_values(
     return out
 
 
-def normalise(
-    records: list[LossSums], count_divisors: CountDivisors | None
-) -> list[torch.Tensor]:
+def normalise(records: list[LossSums], count_divisors: CountDivisors | None) -> list[torch.Tensor]:
     """Each record's loss divided once: by its own count (one process), or by what
     ``count_divisors`` gives for the records' counts (one call: several processes
     all-reduce the counts there)."""
@@ -237,7 +235,10 @@ class NgramLoss(nn.Module):
         loss = functional.ngram_loss(
             normalise(records, self.count_divisors), self.alpha, self.main_weight
         )
-        return LossOutput(loss, records[0].nll_sum, records[0].count)
+        main = records[0]
+        if main.nll_sum is None:
+            raise TypeError(f"{type(self.objective).__name__} gives no next-word likelihood")
+        return LossOutput(loss, main.nll_sum, main.count)
 
     def chunked(
         self,
