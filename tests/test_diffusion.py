@@ -218,6 +218,48 @@ def test_predict_and_loss_work_with_every_output_layer(denoiser, output_kind, he
         assert prediction.heads.shape == (2, *prediction.main.shape)
 
 
+def test_two_shares_of_a_batch_are_noised_and_weighed_as_the_whole_batch():
+    """A process's share of a batch (``Batch.part``) draws the whole batch's t and ε and keeps
+    its rows; each part of the loss divided by the whole batch's count (``count_divisors``:
+    C / K) makes the shares' mean the whole batch's loss, uneven token counts included."""
+    from targetlm.objectives import build_objective
+    from targetlm.training.distributed import shard_rows
+
+    model = model_for(heads="wdr").train()
+    task = DiffusionTask(self_condition_prob=0.0)
+    config = ComponentConfig("cross_entropy", {"ngram_alpha": 0.5})
+    loss = task.training_objective(build_objective(config, model), model)
+    whole = batch()
+    weight, bias = model.output()
+    torch.manual_seed(5)
+    expected = task.predict(model, whole)
+    alone = loss(expected, whole.targets, weight, bias)
+    shares = [shard_rows(whole, rank, 2) for rank in range(2)]
+    predictions = []
+    for share in shares:
+        torch.manual_seed(5)  # every process draws from the same stream
+        predictions.append(task.predict(model, share))
+    for name in ("time", "clean"):
+        joined = torch.cat([getattr(p.extras, name) for p in predictions])
+        torch.testing.assert_close(joined, getattr(expected.extras, name))
+    torch.testing.assert_close(torch.cat([p.main for p in predictions]), expected.main)
+    # the two shares' counts, all-reduced by hand
+    counts: list[list[int]] = []
+
+    def recorded(share_counts: list[int]) -> list[float]:
+        counts.append(share_counts)
+        return [float(c) for c in share_counts]
+
+    loss.count_divisors = recorded
+    for share, prediction in zip(shares, predictions):
+        loss(prediction, share.targets, weight, bias)
+    totals = [a + b for a, b in zip(*counts)]
+    assert counts[0] != counts[1]  # uneven tokens (and head positions)
+    loss.count_divisors = lambda c: [t / 2 for t in totals]
+    shared = [loss(p, s.targets, weight, bias).loss for p, s in zip(predictions, shares)]
+    torch.testing.assert_close((shared[0] + shared[1]) / 2, alone.loss)
+
+
 def test_padding_never_changes_the_denoiser_output_at_real_positions(denoiser):
     model = model_for(denoiser, heads="wdr")
     encoder = model.encoder

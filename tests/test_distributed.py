@@ -132,6 +132,49 @@ def test_translation_weighs_the_ranks_by_their_tokens(tmp_path):
     assert results["test"]["ppl"] == pytest.approx(one["test"]["ppl"], rel=1e-5)
 
 
+@pytest.mark.slow  # torchrun processes: about 30 s in all; CI runs the slow set of this file
+def test_diffusion_on_two_processes_takes_the_steps_of_one_and_resumes(tmp_path):
+    """Diffusion with WDR heads: every rank draws the whole batch's times and noise and keeps
+    its rows, so each row is noised as in one process; the MSEs (each head's own count), the
+    anchor cross entropy (target tokens) and the length loss (sentences) are each divided by
+    the whole batch's count. Stopped after 5 steps and resumed (σ_min's batch counter and the
+    random streams travel in last.pt)."""
+    from test_diffusion import tiny_diffusion_config
+    from test_translation import write_corpus
+
+    data = write_corpus(tmp_path / "data", pairs=60)
+    config = builders.load_config(
+        tiny_diffusion_config(tmp_path, data, heads="wdr"),
+        [
+            "model.encoder.dropout=0.0",
+            "data.max_tokens=40",  # a few pairs per batch, of uneven lengths
+            "train.log_every=1",
+            "task.clip_every=2",
+            "task.decode_steps=1",
+            "task.samples=1",
+        ],
+    )
+    one = Trainer(config, tmp_path / "one", log=_quiet).train()
+    path = _write(config, tmp_path / "config.toml")
+    two = tmp_path / "two"
+    stopped = _torchrun(path, two, "--set", "train.max_steps=5")
+    assert stopped.returncode == 0, stopped.stderr
+    finished = _torchrun(path, two, "--resume")
+    assert finished.returncode == 0, finished.stderr
+    assert f"resumed {two} at epoch 1, step 5" in finished.stdout
+
+    single, double = _records(tmp_path / "one", "train"), _records(two, "train")
+    assert len(single) > 5
+    assert [r["step"] for r in double] == [r["step"] for r in single]
+    assert [r["loss"] for r in double] == pytest.approx([r["loss"] for r in single], abs=1e-5)
+    valid = [r["ppl"] for r in _records(two, "valid")]
+    assert valid == pytest.approx([r["ppl"] for r in _records(tmp_path / "one", "valid")], rel=1e-5)
+    results = json.loads((two / "results.json").read_text())
+    for key in ("loss", "mse", "ppl", "length_loss"):
+        assert results["test"][key] == pytest.approx(one["test"][key], rel=1e-5), key
+    assert results["test"]["head_mse"] == pytest.approx(one["test"]["head_mse"], rel=1e-5)
+
+
 def test_a_batch_the_processes_cannot_share_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

@@ -67,6 +67,21 @@ def test_prediction_unpacks_as_main_heads_state_and_keeps_extras_by_name():
     assert prediction.extras == {"time": 1} and prediction.rows(slice(0, 1)).state is None
 
 
+def test_loss_sums_divide_each_term_once_as_its_mean_was():
+    from targetlm.objectives import LossSums
+
+    torch.manual_seed(0)
+    ce, kl = torch.rand(7), torch.rand(7)
+    record = LossSums(((1.0, ce.sum()), (0.7, kl.sum())), ce.sum(), 7)
+    assert torch.equal(record.loss, ce.mean() + 0.7 * kl.mean())  # the same bits
+    torch.testing.assert_close(record.normalised(14.0), record.loss / 2)
+    nothing = torch.zeros((), requires_grad=True)
+    empty = LossSums(((1.0, nothing * 3),), None, 0)  # no scored position: 0, with a graph
+    assert float(empty.loss.detach()) == 0.0 and empty.loss.requires_grad
+    with pytest.raises(ValueError, match="at least one term"):
+        LossSums((), None, 0)
+
+
 def test_divisors_equal_to_the_counts_give_the_one_process_loss():
     """The distributed path divides each head's loss by its global count over K; with the
     local counts as divisors it is the single-process loss, full and chunked alike."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,7 @@ def cross_entropy(
     targets: torch.Tensor,
     label_smoothing: float = 0.0,
     ignore_index: int = IGNORE,
+    reduction: Literal["mean", "sum"] = "mean",
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Cross entropy with optional label smoothing (Szegedy et al. 2016).
 
@@ -40,10 +42,12 @@ def cross_entropy(
     The smoothed loss is ``(1 − ε)·NLL + ε·mean_v(−log p_v)`` (the uniform prior spreads
     ε over all V words, as ``torch.nn.functional.cross_entropy`` does).
 
-    Returns ``(loss, nll_sum, count)``: the mean smoothed loss to optimise, the
-    summed unsmoothed negative log-likelihood (detached; for perplexity) and the
-    number of scored positions.
+    Returns ``(loss, nll_sum, count)``: the loss to optimise (its mean over the scored
+    positions, or with ``reduction = "sum"`` its sum), the summed unsmoothed negative
+    log-likelihood (detached; for perplexity) and the number of scored positions.
     """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     count = int((targets != ignore_index).sum())
     if count == 0:
         zero = logits.sum() * 0.0
@@ -51,24 +55,33 @@ def cross_entropy(
     logits = _at_least_float32(logits)
     if label_smoothing == 0.0:
         nll_sum = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="sum")
-        return nll_sum / count, nll_sum.detach(), count
+        return (nll_sum / count if reduction == "mean" else nll_sum), nll_sum.detach(), count
     log_probs = torch.log_softmax(logits, -1)
     mask = targets != ignore_index
     safe = targets.masked_fill(~mask, 0)
     nll = -log_probs.gather(1, safe[:, None]).squeeze(1)
     uniform = -log_probs.mean(1)
-    loss = ((1 - label_smoothing) * nll + label_smoothing * uniform)[mask].sum() / count
-    return loss, nll[mask].sum().detach(), count
+    loss = ((1 - label_smoothing) * nll + label_smoothing * uniform)[mask].sum()
+    return (loss / count if reduction == "mean" else loss), nll[mask].sum().detach(), count
 
 
-def z_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE) -> torch.Tensor:
-    """The z-loss (Chowdhery et al. 2022, PaLM): ``mean_i (log Z_i)²`` over the scored positions.
+def z_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = IGNORE,
+    reduction: Literal["mean", "sum"] = "mean",
+) -> torch.Tensor:
+    """The z-loss (Chowdhery et al. 2022, PaLM): ``mean_i (log Z_i)²`` over the scored positions
+    (with ``reduction = "sum"``: the sum).
 
     logits (N, V), targets (N,). ``log Z_i = logsumexp_v z_iv``; it keeps the normaliser near 1.
     """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     mask = targets != ignore_index
     log_norm = torch.logsumexp(_at_least_float32(logits[mask]), -1)
-    return log_norm.square().sum() / max(int(mask.sum()), 1)
+    summed = log_norm.square().sum()
+    return summed / max(int(mask.sum()), 1) if reduction == "mean" else summed
 
 
 def augmented_loss(

@@ -123,6 +123,10 @@ class Batch:
         output), ``IGNORE`` for padding; None when not asked for.
     source: (B, S) the source sentences a conditional task reads (translation), padded;
         None for language modelling. source_mask: (B, S) bool, True at real source tokens.
+    part: (first row, rows of the whole batch) when these B rows are one process's share of
+        a larger batch (several processes); None: the whole batch. A task that draws
+        randomness per row (diffusion) draws the whole batch's and keeps these rows, so
+        each row gets what it gets in one process.
     """
 
     inputs: torch.Tensor
@@ -130,6 +134,20 @@ class Batch:
     positions: torch.Tensor | None = None
     source: torch.Tensor | None = None
     source_mask: torch.Tensor | None = None
+    part: tuple[int, int] | None = None
+
+    @property
+    def whole_rows(self) -> int:
+        """The rows of the whole batch these rows belong to."""
+        return self.inputs.size(0) if self.part is None else self.part[1]
+
+    def of_whole(self, drawn: torch.Tensor) -> torch.Tensor:
+        """This batch's rows of ``drawn`` (``whole_rows``, ...), one row per row of the whole
+        batch: all of it when the batch is whole."""
+        if self.part is None:
+            return drawn
+        first = self.part[0]
+        return drawn[first : first + self.inputs.size(0)]
 
     def to(self, device: torch.device | str) -> Batch:
         def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
@@ -141,6 +159,7 @@ class Batch:
             move(self.positions),
             move(self.source),
             move(self.source_mask),
+            self.part,
         )
 
 

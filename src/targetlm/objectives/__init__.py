@@ -1,7 +1,9 @@
 """Objectives: what a model is trained to minimise, given x̂ and the output layer's E_out, b.
 
-``objective(predicted, targets, weight, bias) -> LossOutput``. predicted (B, T, d),
-targets (B, T) with ``IGNORE`` for padding, weight (V, d), bias (V,) or None.
+``objective(predicted, targets, weight, bias) -> LossSums``. predicted (B, T, d),
+targets (B, T) with ``IGNORE`` for padding, weight (V, d), bias (V,) or None. Objectives
+return their loss summed over the scored positions, with the count (:class:`LossSums`);
+the N-gram loss divides each head's once, by its count or the whole batch's.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import torch
 
 from targetlm import functional
 from targetlm.chunked import LogitTerms
-from targetlm.objectives.base import OBJECTIVES, LossOutput, Objective
+from targetlm.objectives.base import OBJECTIVES, LossOutput, LossSums, Objective
 from targetlm.registry import Fraction, NonNegative
 
 
@@ -40,13 +42,16 @@ class CrossEntropyObjective(Objective):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-    ) -> LossOutput:
+    ) -> LossSums:
         logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         targets = targets.reshape(-1)
-        loss, nll_sum, count = functional.cross_entropy(logits, targets, self.label_smoothing)
+        ce_sum, nll_sum, count = functional.cross_entropy(
+            logits, targets, self.label_smoothing, reduction="sum"
+        )
+        terms = [(1.0, ce_sum)]
         if self.z_loss and count:
-            loss = loss + self.z_loss * functional.z_loss(logits, targets)
-        return LossOutput(loss, nll_sum, count)
+            terms.append((self.z_loss, functional.z_loss(logits, targets, reduction="sum")))
+        return LossSums(tuple(terms), nll_sum, count)
 
 
 from targetlm.objectives.augmented import AugmentedLossObjective  # noqa: E402  (registers "augmented")
@@ -57,6 +62,7 @@ __all__ = [
     "AugmentedLossObjective",
     "CrossEntropyObjective",
     "LossOutput",
+    "LossSums",
     "NgramLoss",
     "Objective",
     "build_objective",

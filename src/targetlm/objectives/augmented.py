@@ -10,7 +10,7 @@ from targetlm import functional
 from targetlm.chunked import LogitTerms
 from targetlm.data.batching import IGNORE
 from targetlm.modules.interfaces import EmbeddingTable
-from targetlm.objectives.base import OBJECTIVES, LossOutput, Objective
+from targetlm.objectives.base import OBJECTIVES, LossSums, Objective
 from targetlm.registry import Fraction, NonNegative, Positive, Probability
 
 
@@ -103,22 +103,26 @@ class AugmentedLossObjective(Objective):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-    ) -> LossOutput:
+    ) -> LossSums:
+        """Terms (1, Σ CE) and (α, Σ KL), or (β·τ²·|V|, Σ KL) and (1 − β, Σ CE); then
+        (z_loss, Σ (log Z)²) when asked for; all over the scored positions."""
         logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         targets = targets.reshape(-1)
-        ce, nll_sum, count = functional.cross_entropy(logits, targets, self.label_smoothing)
+        ce_sum, nll_sum, count = functional.cross_entropy(
+            logits, targets, self.label_smoothing, reduction="sum"
+        )
         if count == 0:
-            return LossOutput(ce, nll_sum, count)
-        z_term = self.z_loss * functional.z_loss(logits, targets) if self.z_loss else None
+            return LossSums(((1.0, ce_sum),), nll_sum, count)
+        z_sum = functional.z_loss(logits, targets, reduction="sum") if self.z_loss else None
         if count < targets.numel():  # padding: score only real targets (a copy of the logits)
             mask = targets != IGNORE
             logits, targets = logits[mask], targets[mask]
         table = self._table(weight)
-        kl = functional.augmented_kl(logits, targets, table, self.tau, self.detach_target).mean()
+        kl_sum = functional.augmented_kl(logits, targets, table, self.tau, self.detach_target).sum()
         if self.beta is None:
-            loss = ce + self.alpha * kl
+            terms = [(1.0, ce_sum), (self.alpha, kl_sum)]
         else:
-            loss = self.beta * self.tau**2 * weight.size(0) * kl + (1 - self.beta) * ce
-        if z_term is not None:
-            loss = loss + z_term
-        return LossOutput(loss, nll_sum, count)
+            terms = [(self.beta * self.tau**2 * weight.size(0), kl_sum), (1 - self.beta, ce_sum)]
+        if z_sum is not None:
+            terms.append((self.z_loss, z_sum))
+        return LossSums(tuple(terms), nll_sum, count)

@@ -4,7 +4,10 @@ r"""The loss of embedding-space diffusion (Difformer / DINOISER), with or withou
 x̂₀ (``main``), the heads' raw outputs (``heads``) and :class:`DiffusionInputs` (``extras``:
 the clean embeddings x₀, the real positions, the times, the length classifier's logits), and
 returns ``w·MSE + anchor·CE(x̂₀) + length_weight·CE(length)``
-(:mod:`targetlm.tasks.diffusion` describes the task).
+(:mod:`targetlm.tasks.diffusion` describes the task). Each part is a sum with its count
+(:class:`~targetlm.objectives.base.LossSums`), divided once as the N-gram loss divides its
+heads' (:func:`~targetlm.objectives.ngram.normalise`: by the whole batch's counts when
+several processes share the rows).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from torch import nn
 from targetlm import functional
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import Prediction
-from targetlm.objectives.base import LossOutput, Objective
-from targetlm.objectives.ngram import NgramLoss
+from targetlm.objectives.base import LossOutput, LossSums, Objective
+from targetlm.objectives.ngram import CountDivisors, NgramLoss, later_values, normalise
 from targetlm.registry import ConfigError
 
 
@@ -40,11 +43,12 @@ class DiffusionInputs:
     length_classes: torch.Tensor
 
 
-def masked_mse(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean squared error over the positions ``mask`` (B, T) and the d dimensions (0 for none)."""
+def squared_error(predicted: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> LossSums:
+    """‖x̂ − x‖² summed over the positions ``mask`` (B, T) and the d dimensions; its count:
+    the positions times d (the mean squared error, once divided)."""
     weights = mask.to(predicted.dtype)[..., None]
-    count = weights.sum() * predicted.size(-1)
-    return ((predicted - target) ** 2 * weights).sum() / count.clamp(min=1)
+    summed = ((predicted - target) ** 2 * weights).sum()
+    return LossSums(((1.0, summed),), None, int(mask.sum()) * predicted.size(-1))
 
 
 class DiffusionLoss(nn.Module):
@@ -65,6 +69,11 @@ class DiffusionLoss(nn.Module):
         alpha: α (``objective.ngram_alpha``); main_weight: the weight of L₀ among the MSEs.
         embedding_scale: s of x₀ = s·norm(E_out)[y]; diffusion_weight, anchor_weight,
             length_weight: the weights of the three terms (the diffusion task's options).
+
+    ``count_divisors`` (an attribute; None: each part's own count) is as
+    :class:`~targetlm.objectives.ngram.NgramLoss`'s, for every part at once (the MSEs, the
+    anchor's target tokens, the length loss's sentences): several processes set it
+    (:class:`~targetlm.training.distributed.ShardedObjective`).
     """
 
     lookahead = 0  # pair batches carry the whole target
@@ -82,6 +91,7 @@ class DiffusionLoss(nn.Module):
         main_weight: float = 0.5,
     ) -> None:
         super().__init__()
+        self.count_divisors: CountDivisors | None = None
         self.objective, self.alpha, self.main_weight = objective, alpha, main_weight
         self.reconstruct: Callable[..., torch.Tensor] | None = (
             None if heads is None else heads.reconstruct
@@ -96,40 +106,41 @@ class DiffusionLoss(nn.Module):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
+        count_divisors: CountDivisors | None = None,
     ) -> dict[str, Any]:
-        """Every term: ``mse`` (L₀), ``head_mse`` ([L_1..L_{N−1}]), ``anchor`` (LossOutput),
-        ``length`` (mean CE), ``length_accuracy``, ``loss`` (the total)."""
+        """Every term: ``mse`` (L₀), ``head_mse`` ([L_1..L_{N−1}]), ``anchor`` (the
+        objective's :class:`LossSums`), ``length`` (mean CE), ``length_accuracy``, ``loss``
+        (the total); each part divided by its own count, or by ``count_divisors``' (an
+        evaluation passes none: it reads its rows alone)."""
         extras: DiffusionInputs = prediction.extras
         clean, mask = extras.clean, extras.mask
-        mse = masked_mse(prediction.main, clean, mask)
-        head_mse = []
+        squared = [squared_error(prediction.main, clean, mask)]
         if self.reconstruct is not None and prediction.heads is not None:
-            T = clean.size(1)
             rebuilt = self.reconstruct(prediction.heads, clean.detach())  # (N−1, B, T, d)
-            for n, estimate in enumerate(rebuilt, 1):
-                shifted = F.pad(clean[:, n:], (0, 0, 0, n))  # x₀[s + n] at column s
-                scored = F.pad(mask[:, n:], (0, n), value=False)[:, :T]
-                head_mse.append(masked_mse(estimate, shifted, scored))
-        diffusion = (
-            functional.ngram_loss([mse, *head_mse], self.alpha, self.main_weight)
-            if head_mse
-            else mse
-        )
+            # head n at s: x₀[s + n], where s + n is a real position
+            later = later_values(clean, mask, rebuilt.size(0), clean.size(1))
+            for estimate, (shifted, scored) in zip(rebuilt, later):
+                squared.append(squared_error(estimate, shifted, scored))
         anchor = self.objective(prediction.main / self.embedding_scale, targets, weight, bias)
-        length = F.cross_entropy(extras.length_logits.float(), extras.length_classes)
+        length_sum = F.cross_entropy(
+            extras.length_logits.float(), extras.length_classes, reduction="sum"
+        )
+        length = LossSums(((1.0, length_sum),), None, extras.length_classes.numel())
+        *mse, anchor_loss, length_loss = normalise([*squared, anchor, length], count_divisors)
+        diffusion = functional.ngram_loss(mse, self.alpha, self.main_weight)
         correct = (extras.length_logits.argmax(-1) == extras.length_classes).float().mean()
         loss = (
             self.diffusion_weight * diffusion
-            + self.anchor_weight * anchor.loss
-            + self.length_weight * length
+            + self.anchor_weight * anchor_loss
+            + self.length_weight * length_loss
         )
         return {
             "loss": loss,
             "diffusion": diffusion,
-            "mse": mse,
-            "head_mse": head_mse,
+            "mse": mse[0],
+            "head_mse": mse[1:],
             "anchor": anchor,
-            "length": length,
+            "length": length_loss,
             "length_accuracy": correct,
         }
 
@@ -140,8 +151,10 @@ class DiffusionLoss(nn.Module):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossOutput:
-        terms = self.terms(prediction, targets, weight, bias)
-        anchor = terms["anchor"]
+        terms = self.terms(prediction, targets, weight, bias, self.count_divisors)
+        anchor: LossSums = terms["anchor"]
+        if anchor.nll_sum is None:
+            raise TypeError(f"{type(self.objective).__name__} gives no next-word likelihood")
         return LossOutput(terms["loss"], anchor.nll_sum, anchor.count)
 
 

@@ -20,7 +20,7 @@ from targetlm.chunked import (
 from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.objectives.base import OBJECTIVES, LossOutput, Objective
+from targetlm.objectives.base import OBJECTIVES, LossOutput, LossSums, Objective
 from targetlm.registry import ConfigError, Fraction, NonNegative, Positive, check_type
 
 if TYPE_CHECKING:
@@ -38,6 +38,43 @@ NGRAM_OPTIONS = {
     NGRAM_HEADS_LABEL_SMOOTHING: ("heads_label_smoothing", Fraction),
 }
 LossImpl = Literal["full", "chunked", "auto"]
+# maps the counts of a loss's parts in this process's rows to what each part's sum is divided
+# by (several processes: the whole batch's counts over the number of processes)
+CountDivisors = Callable[[list[int]], list[float]]
+
+
+def later_values(
+    values: torch.Tensor, real: torch.Tensor, heads: int, columns: int, fill: float = 0.0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What each N-gram head n = 1..``heads`` is scored against at ``columns`` positions t:
+    [(the values n columns later (B, columns, ...), where head n scores (B, columns))].
+
+    values (B, L, ...) and real (B, L) bool (True at real words), L ≥ columns (the
+    segment's columns, then the lookahead ones when there are any); missing columns are
+    ``fill`` and not real. Head n scores at t where y_t..y_{t+n} are all real words
+    (padding only ever ends a row, so: the positions that have a target t + n).
+    """
+    if real.size(1) < columns + heads:
+        real = F.pad(real, (0, columns + heads - real.size(1)), value=False)
+    out = []
+    for n in range(1, heads + 1):
+        scored = real.unfold(1, n + 1, 1)[:, :columns].all(-1)  # (B, columns)
+        later = values[:, n : n + columns]
+        if later.size(1) < columns:  # pad dimension 1 (F.pad's spec runs from the last one)
+            spec = (0, 0) * (values.dim() - 2) + (0, columns - later.size(1))
+            later = F.pad(later, spec, value=fill)
+        out.append((later, scored))
+    return out
+
+
+def normalise(records: list[LossSums], count_divisors: CountDivisors | None) -> list[torch.Tensor]:
+    """Each record's loss divided once: by its own count (one process), or by what
+    ``count_divisors`` gives for the records' counts (one call: several processes
+    all-reduce the counts there)."""
+    if count_divisors is None:
+        return [record.normalised() for record in records]
+    divisors = count_divisors([record.count for record in records])
+    return [record.normalised(divisor) for record, divisor in zip(records, divisors)]
 
 
 class NgramLoss(nn.Module):
@@ -92,7 +129,7 @@ class NgramLoss(nn.Module):
         chunk_vocab: int = CHUNK_VOCAB,
         main_weight: float = 0.5,
         heads_objective: Objective | None = None,
-        count_divisors: Callable[[list[int]], list[float]] | None = None,
+        count_divisors: CountDivisors | None = None,
     ) -> None:
         super().__init__()
         if not alpha >= 0:
@@ -131,9 +168,9 @@ class NgramLoss(nn.Module):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-    ) -> list[LossOutput]:
-        """[L₀, L₁, ..., L_{N−1}] as the wrapped objective's records (mean loss, NLL, count),
-        each on its own full logits."""
+    ) -> list[LossSums]:
+        """[L₀, L₁, ..., L_{N−1}] as the wrapped objective's records (summed loss, NLL,
+        count), each on its own full logits."""
         return self.row_losses(self.head_rows(prediction, targets, weight), weight, bias)
 
     def row_losses(
@@ -141,7 +178,7 @@ class NgramLoss(nn.Module):
         rows: list[tuple[torch.Tensor, torch.Tensor]],
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-    ) -> list[LossOutput]:
+    ) -> list[LossSums]:
         """The wrapped objectives' records of :meth:`head_rows`' rows (the main head's
         objective for row 0, the heads' for the others)."""
         return [
@@ -167,12 +204,9 @@ class NgramLoss(nn.Module):
         # x_s = E_out[y_s] for the WDR conjugate, which is detached anyway
         embeddings = weight.detach()[targets.masked_fill(~real, 0)]  # (B, T + N − 1, d)
         predictions = self.reconstruct(prediction.heads, embeddings)  # (N−1, B, T, d)
-        for n, head_prediction in enumerate(predictions, 1):
-            # head n at t predicts y_{t+n}; it counts where y_t..y_{t+n} are all real words
-            # (padding only ever ends a row, so: the positions that have a target t+n)
-            scored = real.unfold(1, n + 1, 1)[:, :T].all(-1)  # (B, T)
-            shifted = targets[:, n : n + T].masked_fill(~scored, IGNORE)
-            rows.append((head_prediction, shifted))
+        later = later_values(targets, real, self.lookahead, T, IGNORE)
+        for head_prediction, (shifted, scored) in zip(predictions, later):
+            rows.append((head_prediction, shifted.masked_fill(~scored, IGNORE)))
         return rows
 
     def uses_chunked(self, rows: int, vocab_size: int) -> bool:
@@ -193,24 +227,18 @@ class NgramLoss(nn.Module):
     ) -> LossOutput:
         check_targets(targets, weight.size(0))
         rows = self.head_rows(prediction, targets, weight)
-        chunked = self.uses_chunked(prediction.main.shape[:-1].numel() * len(rows), weight.size(0))
-        # each head's scored positions, counted (a device sync) only where something reads them
-        needs_counts = chunked or self.count_divisors is not None
-        counts = [int((t != IGNORE).sum()) for _, t in rows] if needs_counts else []
-        divisors = None if self.count_divisors is None else self.count_divisors(counts)
-        if chunked:
+        if self.uses_chunked(prediction.main.shape[:-1].numel() * len(rows), weight.size(0)):
+            counts = [int((t != IGNORE).sum()) for _, t in rows]  # each head's scored positions
+            divisors = None if self.count_divisors is None else self.count_divisors(counts)
             return self.chunked(prediction, rows, counts, divisors, weight, bias)
         records = self.row_losses(rows, weight, bias)
-        losses = [r.loss for r in records]
-        if divisors is not None:  # each head's mean over this process's rows, re-divided
-            losses = [
-                loss * (count / divisor) if divisor else loss * 0.0
-                for loss, count, divisor in zip(losses, counts, divisors)
-            ]
-        if len(records) == 1:
-            return LossOutput(losses[0], records[0].nll_sum, records[0].count)
-        loss = functional.ngram_loss(losses, self.alpha, self.main_weight)
-        return LossOutput(loss, records[0].nll_sum, records[0].count)
+        loss = functional.ngram_loss(
+            normalise(records, self.count_divisors), self.alpha, self.main_weight
+        )
+        main = records[0]
+        if main.nll_sum is None:
+            raise TypeError(f"{type(self.objective).__name__} gives no next-word likelihood")
+        return LossOutput(loss, main.nll_sum, main.count)
 
     def chunked(
         self,

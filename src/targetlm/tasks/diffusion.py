@@ -177,7 +177,9 @@ class DiffusionTask(SentencePairTask):
         :class:`~targetlm.objectives.diffusion.DiffusionInputs`).
         ``generator``: the randomness (t, ε, and on the CPU the self-conditioning coin); None:
         torch's RNG. ``coin_generator``: a CPU generator for the coin when ``generator`` is a
-        GPU's (seeded evaluation on a GPU)."""
+        GPU's (seeded evaluation on a GPU). A process's share of a batch (``batch.part``)
+        draws t and ε for the whole batch and keeps its rows, so with the same random
+        stream every process noises each row as one process would."""
         denoiser = denoiser_of(model)
         if batch.source is None or batch.source_mask is None:
             raise ValueError("a diffusion batch needs its source and source_mask")
@@ -190,9 +192,15 @@ class DiffusionTask(SentencePairTask):
         weight, _ = model.output()
         clean = self.clean_table(weight)[targets.masked_fill(~mask, 0)]  # (B, T, d)
         clean = clean * mask[..., None].to(clean.dtype)
-        B, device = targets.size(0), targets.device
-        time = self.sample_times(model, B, device, generator)
-        noise = torch.randn(clean.shape, device=device, generator=generator, dtype=clean.dtype)
+        # t and ε of the whole batch's rows, these rows' kept: a row's draws do not depend on
+        # how many processes share the batch
+        rows, device = batch.whole_rows, targets.device
+        time = batch.of_whole(self.sample_times(model, rows, device, generator))
+        noise = batch.of_whole(
+            torch.randn(
+                (rows, *clean.shape[1:]), device=device, generator=generator, dtype=clean.dtype
+            )
+        )
         noised = self.schedule.noise(clean, time, noise)
         memory = denoiser.start(model.embed_source(batch.source), batch.source_mask)
         previous = None

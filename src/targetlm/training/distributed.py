@@ -27,11 +27,13 @@ backbones, per decoder layer: :func:`shard_step`): each rank keeps 1/K of the pa
 gradients and optimiser state, every rank evaluates, and checkpoints are torch distributed
 checkpoints beside ``last.pt`` (:func:`save_sharded`), read back with any number of ranks.
 
-The loss is the batch's: every objective averages over scored positions (each N-gram head
-over its own), and ranks may score different numbers of them (translation batches; the last
-row of an N-gram stream), so each rank weighs each head's sum by the batch's count
-(:class:`ShardedObjective`); the loss value the trainer sees, logs and checks for NaN is the
-whole batch's, on every rank.
+The loss is the batch's: every objective returns sums with their counts and averages over
+the scored positions once (each N-gram head over its own), and ranks may score different
+numbers of them (translation batches; the last row of an N-gram stream), so each rank
+divides each part's sum by the batch's count (:class:`ShardedObjective`); the loss value
+the trainer sees, logs and checks for NaN is the whole batch's, on every rank. A task that
+draws randomness per row (diffusion's times and noise) draws the whole batch's on every rank
+and keeps its rows (``Batch.part``), so each row gets what one process gives it.
 
 The trainer is the single-process one; it asks its :class:`Processes` (one process: a no-op)
 who writes (``is_main``), for sums and broadcasts. Only rank 0 writes the run directory
@@ -61,6 +63,7 @@ from torch.nn.parallel import DistributedDataParallel
 from targetlm.config import Config
 from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.objectives import LossOutput, NgramLoss
+from targetlm.objectives.diffusion import DiffusionLoss
 from targetlm.registry import ConfigError
 from targetlm.tasks import Batch, build_task
 from targetlm.training.step import TrainingStep
@@ -398,6 +401,7 @@ def shard_rows(batch: Batch, rank: int, world_size: int) -> Batch:
         take(batch.positions),
         take(batch.source),
         take(batch.source_mask),
+        (index.start, batch.inputs.size(0)),
     )
 
 
@@ -424,29 +428,31 @@ class ShardedBatches(Sequence[Batch]):
 
 # --- the loss: the whole batch's, from each rank's rows -----------------------------------
 class ShardedObjective(nn.Module):
-    """The trainer's objective (:class:`~targetlm.objectives.NgramLoss`) on one rank's rows,
-    scaled so that the ranks' averaged gradients are the whole batch's.
+    """The trainer's objective on one rank's rows, scaled so that the ranks' averaged
+    gradients are the whole batch's: an :class:`~targetlm.objectives.NgramLoss`, or a task's
+    loss around it that divides its parts the same way
+    (:class:`~targetlm.objectives.diffusion.DiffusionLoss`).
 
-    Head n's loss is its summed loss over the whole batch's scored positions, S_n / C_n with
-    C_n = Σ_r c_n^r; the N-gram loss divides rank r's sum S_n^r by C_n / K (its
+    Each part of the loss (each N-gram head's; the diffusion loss's MSEs, anchor and length
+    losses) is its summed loss over the whole batch's scored positions, S_n / C_n with
+    C_n = Σ_r c_n^r; the objective divides rank r's sum S_n^r once by C_n / K (its
     ``count_divisors``, the counts all-reduced here), so the K ranks' averaged gradients are
     the whole batch's. The returned ``loss`` has the whole batch's value (its gradient is
     this rank's share), ``nll_sum`` and ``count`` are the whole batch's too, so the trainer
     logs and checks what one process would.
     """
 
-    def __init__(self, objective: NgramLoss, processes: Processes) -> None:
+    def __init__(self, objective: NgramLoss | DiffusionLoss, processes: Processes) -> None:
         super().__init__()
         self.objective = objective
         self.processes = processes
         self.lookahead = objective.lookahead
-        self.totals: list[float] = []  # the last step's whole-batch counts per head
         objective.count_divisors = self.divisors
 
     def divisors(self, counts: list[int]) -> list[float]:
         """C_n / K for this rank's counts c_n^r (an all-reduce: every rank calls it)."""
-        self.totals = self.processes.sum(counts)
-        return [total / self.processes.world_size for total in self.totals]
+        totals = self.processes.sum(counts)
+        return [total / self.processes.world_size for total in totals]
 
     def forward(
         self,
@@ -457,10 +463,13 @@ class ShardedObjective(nn.Module):
     ) -> LossOutput:
         out = self.objective(prediction, targets, weight, bias)
         world_size = self.processes.world_size
-        loss_sum, nll_sum = self.processes.sum([out.loss.item(), float(out.nll_sum)])
-        # the value of the whole batch's loss, the gradient of this rank's share
+        loss_sum, nll_sum, count = self.processes.sum(
+            [out.loss.item(), float(out.nll_sum), out.count]
+        )
+        # the value of the whole batch's loss (Σ_r of the ranks' K·L^r / K), the gradient
+        # of this rank's share
         loss = out.loss + (loss_sum / world_size - out.loss.detach())
-        return LossOutput(loss, torch.tensor(nll_sum, dtype=torch.float64), int(self.totals[0]))
+        return LossOutput(loss, torch.tensor(nll_sum, dtype=torch.float64), int(count))
 
 
 # --- the carried encoder state: each rank's rows, the whole batch in checkpoints -----------

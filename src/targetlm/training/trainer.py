@@ -35,6 +35,7 @@ from targetlm.inference.evaluate import perplexity
 from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import build_model, detach_state, state_to_list
 from targetlm.objectives import NgramLoss, build_objective
+from targetlm.objectives.diffusion import DiffusionLoss
 from targetlm.registry import ConfigError
 from targetlm.rundir import RunDirError
 from targetlm.tasks import Batch, Task, TaskData, build_task
@@ -241,18 +242,20 @@ class Trainer:
         self.lookahead = objective.lookahead
         # what the step minimises: the objective, or the task's loss around it (diffusion)
         self.objective = self.task.training_objective(objective, self.model).to(self.device)
-        if self.processes.several:
-            if not isinstance(self.objective, NgramLoss):
+        step_objective: nn.Module = self.objective
+        if self.processes.several:  # each part divided by the whole batch's count
+            if not isinstance(self.objective, (NgramLoss, DiffusionLoss)):
                 raise ConfigError(
                     f"task.kind = {c.task.kind!r}: its loss is not shared by rows across "
                     "processes yet; train it in one process"
                 )
-            self.objective = distributed.ShardedObjective(self.objective, self.processes)
+            step_objective = distributed.ShardedObjective(self.objective, self.processes)
         self.task.prepare(self.data, c, self.model, self.log)
         self.batches = self._training_batches()
         # the step's loss, one module: under DDP with several processes (which broadcasts
-        # rank 0's initial weights), itself alone
-        self.step_module = TrainingStep(self.task, self.model, self.objective)
+        # rank 0's initial weights), itself alone; evaluation reads self.objective (rank 0
+        # alone: nothing all-reduced)
+        self.step_module = TrainingStep(self.task, self.model, step_objective)
         self.trainable = self.processes.wrap(
             self.step_module,
             find_unused_parameters=bool(c.train.heads_only_steps)
