@@ -43,6 +43,7 @@ from typing import Literal, Protocol
 import torch
 
 from targetlm import functional
+from targetlm.inference.drafters import window_drafter
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.interfaces import (
     RaggedEncoder,
@@ -214,48 +215,54 @@ def speculative_decode(
     context = encoder.max_context
     ragged = per_row(model)
     alive = list(range(predicted.size(0)))  # the generating rows, as rows of the batch
-    lengths = torch.full((len(alive),), read, dtype=torch.long)  # tokens read per row (CPU)
+    lengths = [read] * len(alive)  # tokens read per row
     first = functional.logits(predicted[:, None], weight, bias)[:, 0].argmax(-1)  # (B,) d_0
-    # heads over columns: the last ≤ window columns' x̂ and the words y read after all but the last
-    window = heads.window if use_heads and heads is not None else 1
-    columns = predicted[:, None] if history is None or window == 1 else history[:, -window:]
-    known = columns.size(1) - 1  # (a row that ended before speculation began has fewer: zeros)
-    words = torch.tensor(
-        [[0] * max(known - len(t), 0) + (list(t[-known:]) if known else []) for t in texts],
-        dtype=torch.long,
-        device=predicted.device,
-    ).view(len(texts), known)
+    # heads over columns draft incrementally (their own keys/values): from the last ≤ context
+    # columns' x̂ and the words y read after all but the last
+    windowed = None
+    if use_heads and heads is not None and heads.window > 1:
+        columns = predicted[:, None] if history is None else history[:, -heads.context :]
+        known = columns.size(1) - 1  # (a row that ended before speculation began has fewer: zeros)
+        words = torch.tensor(
+            [[0] * max(known - len(t), 0) + (list(t[-known:]) if known else []) for t in texts],
+            dtype=torch.long,
+            device=predicted.device,
+        ).view(len(texts), known)
+        windowed = window_drafter(heads, weight, bias, columns, words, length)
     stats = SpeculativeStats()
     while alive:
-        fits = context is None or int(lengths.max()) + length + 1 <= context
+        fits = context is None or max(lengths) + length + 1 <= context
         drafted = first[:, None]
-        if fits and use_heads and heads is not None:
-            drafted = draft(
-                heads, weight, bias, first, predicted if window == 1 else columns, length, words
-            )
+        if fits and windowed is not None:
+            drafted = windowed.propose(first)
+        elif fits and use_heads and heads is not None:
+            drafted = draft(heads, weight, bias, first, predicted, length)
         if fits and lookup is not None:
             drafted = _looked_up(lookup, drafted, length)
         verified = model(drafted, state, run_heads=False)
         greedy = functional.logits(verified.main, weight, bias).argmax(-1)  # (B, k + 1)
-        agree = (greedy[:, :-1] == drafted[:, 1:]).long().cumprod(1).sum(1)  # (B,)
+        agree = (greedy[:, :-1] == drafted[:, 1:]).cumprod(1).sum(1)  # (B,)
         if not ragged:
             active = torch.tensor([not rows.done[r] for r in alive], device=agree.device)
             agree = agree[active].min().expand_as(agree)
         keep = agree + 1  # tokens each row keeps: d_0..d_j
-        state = _kept_state(model, state, verified.state, drafted, keep, ragged)
+        # the one read-back of the step: each row's kept count and drafted tokens
+        host = torch.cat([keep[:, None], drafted], 1).tolist()
+        kept = [h[0] for h in host]
+        state = _kept_state(model, state, verified.state, drafted, keep, kept, ragged)
         batch = torch.arange(len(alive), device=keep.device)
         predicted, first = verified.main[batch, keep - 1], greedy[batch, keep - 1]
-        if window > 1:
-            columns, words = _slide(columns, words, verified.main, drafted, keep, window)
-        lengths += keep.cpu()
+        if windowed is not None:
+            windowed.advance(verified.main, drafted, keep, kept, predicted)
         if drafted.size(1) > 1:
             stats.steps += 1
             stats.row_steps += len(alive)
-            stats.accepted += int(agree.sum())
-        for b, (row, tokens, kept) in enumerate(zip(alive, drafted.tolist(), keep.tolist())):
-            rows.add(row, tokens[:kept])
+            stats.accepted += sum(kept) - len(kept)
+        for b, (row, tokens) in enumerate(zip(alive, host)):
+            lengths[b] += tokens[0]
+            rows.add(row, tokens[1 : 1 + tokens[0]])
             if lookup is not None:
-                lookup.append(b, tokens[:kept])
+                lookup.append(b, tokens[1 : 1 + tokens[0]])
         staying = [b for b, row in enumerate(alive) if not rows.done[row]]
         if len(staying) == len(alive) or not isinstance(encoder, RowSelectableEncoder):
             if not staying:
@@ -265,33 +272,14 @@ def speculative_decode(
             break
         index = torch.tensor(staying, device=predicted.device)
         state = encoder.select_rows(state, index)
-        predicted, first, lengths = predicted[index], first[index], lengths[index.cpu()]
-        columns, words = columns[index], words[index]
+        predicted, first = predicted[index], first[index]
+        lengths = [lengths[b] for b in staying]
+        if windowed is not None:
+            windowed.select(index)
         alive = [alive[b] for b in staying]
         if lookup is not None:
             lookup.select(staying)
     return stats
-
-
-def _slide(
-    columns: torch.Tensor,
-    words: torch.Tensor,
-    verified: torch.Tensor,
-    drafted: torch.Tensor,
-    keep: torch.Tensor,
-    window: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The last ≤ ``window`` columns' x̂ (B, P', d) and their words (B, P' − 1) after row b
-    read ``keep[b]`` of the ``drafted`` tokens (B, k + 1), whose x̂ are ``verified``
-    (B, k + 1, d): from ``columns`` (B, P, d) and ``words`` (B, P − 1)."""
-    before = columns.size(1)
-    width = min(window, before + int(keep.min()))
-    joined = torch.cat([columns, verified], 1)  # (B, P + k + 1, d)
-    # y of joined column j: the token read after it (the last kept column's is not known)
-    tokens = torch.cat([words, drafted], 1)  # (B, P + k)
-    index = (keep + before - width)[:, None] + torch.arange(width, device=keep.device)
-    columns = joined.gather(1, index[..., None].expand(-1, -1, joined.size(2)))
-    return columns, tokens.gather(1, index[:, :-1])
 
 
 def _looked_up(lookup: PromptLookup, drafted: torch.Tensor, length: int) -> torch.Tensor:
@@ -319,17 +307,20 @@ def _kept_state(
     after,
     drafted: torch.Tensor,
     keep: torch.Tensor,
+    kept: Sequence[int],
     ragged: bool,
 ):
     """The state after each row read its first ``keep[b]`` drafted tokens (B, k + 1) from
-    ``before``: ``after`` (which read all of them) rewound per row, or re-read; with one
-    ``keep`` for all rows (not ``ragged``) the encoder's :meth:`rewind` or a re-read."""
-    dropped = drafted.size(1) - keep  # (B,)
-    if not bool(dropped.any()):
+    ``before`` (``kept``: the same counts, as ints): ``after`` (which read all of them) rewound
+    per row, or re-read; with one ``keep`` for all rows (not ``ragged``) the encoder's
+    :meth:`rewind` or a re-read."""
+    width = drafted.size(1)
+    if all(k == width for k in kept):
         return after
+    dropped = width - keep  # (B,)
     encoder = model.encoder
     if not ragged:
-        n = int(dropped[0])
+        n = width - kept[0]
         if isinstance(encoder, RewindableEncoder):
             state = encoder.rewind(after, n)
             if state is not None:
@@ -348,13 +339,13 @@ def _kept_state(
             "re-read in groups, which needs states whose rows can be selected and concatenated"
         )
     parts, order = [], []
-    for kept in sorted(set(keep.tolist())):
-        index = torch.nonzero(keep == kept).squeeze(1).to(drafted.device)
-        if kept == drafted.size(1):
+    for count in sorted(set(kept)):
+        index = torch.nonzero(keep == count).squeeze(1).to(drafted.device)
+        if count == width:
             parts.append(encoder.select_rows(after, index))
         else:
             part = encoder.select_rows(before, index)
-            parts.append(model(drafted[index, :kept], part, run_heads=False).state)
+            parts.append(model(drafted[index, :count], part, run_heads=False).state)
         order.append(index)
     inverse = torch.argsort(torch.cat(order))
     return encoder.select_rows(encoder.concat_rows(parts), inverse)

@@ -71,11 +71,17 @@ class NgramHeads(nn.Module):
             the MLP heads; a transformer layer per head attends over its last ``window``
             columns). Drafting passes the heads the last ``window`` columns' main x̂ and, to
             ``reconstruct``, the words y of those columns (the read text, then the drafts).
+        context: how many columns up to t drafting at t reads (their main x̂ and words): the
+            window, or more for layers that read other layers' outputs over their windows.
     """
 
     reads_words: bool = False
     drafts: bool = True
     window: int = 1
+
+    @property
+    def context(self) -> int:
+        return self.window
 
     def __init__(
         self,
@@ -330,6 +336,15 @@ class SequentialMtpHeads(NgramHeads):
             depths, d, num_attention_heads, ff_size or 4 * d, window, dropout
         )
         self.output_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
+
+    @property
+    def context(self) -> int:
+        """Columns up to t that exact incremental drafting (``inference.drafters``) reads at its
+        start: depth k at column s reads depth k − 1 over s − window + 1..s, so the last of N − 1
+        depths reaches (N − 1)(window − 1) columns back from each of the cached window − 1
+        columns and the 2(N − 1) columns recomputed per step."""
+        depths = self.num_predictions - 1
+        return 2 * depths + self.num_predictions * (self.window - 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """x̂ (B, T, d) -> h^0 = x̂ for each depth, (N−1, B, T, d) (an expanded view)."""
