@@ -36,7 +36,9 @@ def recomputed(kind, heads, weight, bias, columns, words, first, drafted):
         if kind == "gloeckle":  # the layers over the last window columns
             last = cols[:, -WINDOW:]
             window_words = ids[:, ids.size(1) - (last.size(1) - 1) :]
-            draft = speculative.draft(heads, weight, bias, first[b : b + 1], last, LENGTH, window_words)
+            draft = speculative.draft(
+                heads, weight, bias, first[b : b + 1], last, LENGTH, window_words
+            )
             rows.append(draft[0])
             continue
         # every depth over the whole text read, d_0 and the (incremental) drafts after it
@@ -61,7 +63,11 @@ def test_incremental_drafts_equal_recomputed_ones(kind, batch, start):
         history = torch.stack(columns)[:, -context:]
         known = history.size(1) - 1
         drafter = window_drafter(
-            heads, weight, bias, history, torch.tensor([w[len(w) - known :] for w in words]),
+            heads,
+            weight,
+            bias,
+            history,
+            torch.tensor([w[len(w) - known :] for w in words]),
             LENGTH,
         )
         alive = list(range(batch))
@@ -70,8 +76,14 @@ def test_incremental_drafts_equal_recomputed_ones(kind, batch, start):
             if drafts:
                 drafted = drafter.propose(first)
                 expected = recomputed(
-                    kind, heads, weight, bias, [columns[r] for r in alive],
-                    [words[r] for r in alive], first, drafted,
+                    kind,
+                    heads,
+                    weight,
+                    bias,
+                    [columns[r] for r in alive],
+                    [words[r] for r in alive],
+                    first,
+                    drafted,
                 )
                 assert torch.equal(drafted, expected), step
                 width = LENGTH + 1
@@ -90,3 +102,21 @@ def test_incremental_drafts_equal_recomputed_ones(kind, batch, start):
                 staying = [0, 2, 3]
                 drafter.select(torch.tensor(staying))
                 alive, first = [alive[b] for b in staying], first[staying]
+
+
+@pytest.mark.parametrize("kind", ["wdr", "simple", "mtp"])
+def test_one_column_prediction_is_what_reconstruct_gives_there(kind):
+    """``predict_at`` (drafting one column, head by head) equals ``reconstruct`` at that column
+    exactly: WDR sums the conjugate in the same order."""
+    from targetlm.modules import HEADS
+
+    torch.manual_seed(0)
+    heads = HEADS.build(kind, {"n": N}, "heads", embedding_dim=D).eval()
+    with torch.no_grad():
+        for parameter in heads.parameters():
+            parameter.normal_(0, 0.3)
+        raw = heads(torch.randn(3, 1, D))  # (N − 1, 3, 1, D): column t
+        words = torch.randn(3, N, D)  # x_t..x_{t+N−1}
+        for n in range(1, N):
+            expected = heads.reconstruct(raw[:n], words[:, : n + 1])[-1, :, 0]
+            assert torch.equal(heads.predict_at(raw[:n, :, 0], words[:, :n]), expected)

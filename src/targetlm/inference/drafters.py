@@ -35,6 +35,7 @@ the row has read ``heads.context`` columns; recomputing a window of columns per 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,26 +88,63 @@ def _equal(kept: Sequence[int]) -> int | None:
     return kept[0] if all(k == kept[0] for k in kept) else None
 
 
-def _block(
-    block: TransformerBlock,
-    x: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A pre-norm block (eval mode) over x (B, T, d) after the cached ``keys``/``values``
-    (B, heads, L, d/heads): (B, T, d) and the new columns' keys and values (B, heads, T, ·).
-    mask (B, 1, T, L + T) bool or None (every key)."""
-    B, T, d = x.shape
-    q, k, v = (
-        y.transpose(1, 2)
-        for y in block.qkv(block.norm1(x)).view(B, T, 3, block.num_heads, -1).unbind(2)
-    )
-    attended = F.scaled_dot_product_attention(
-        q, torch.cat([keys, k], 2), torch.cat([values, v], 2), attn_mask=mask
-    )
-    x = x + block.proj(attended.transpose(1, 2).reshape(B, T, d))
-    return x + block.ff(block.norm2(x)), k, v
+class _Block:
+    """A pre-norm :class:`~targetlm.modules.encoders.TransformerBlock` in eval mode through
+    ``torch.nn.functional`` on its own parameters (the same operations as the module's, without
+    the modules' call overhead: drafting runs small ones many times)."""
+
+    def __init__(self, block: TransformerBlock) -> None:
+        if not block.pre_norm:
+            raise ValueError("drafting runs pre-norm blocks")
+        first, activation, last = block.ff
+        assert isinstance(first, torch.nn.Linear) and isinstance(last, torch.nn.Linear)
+        self.block, self.heads = block, block.num_heads
+        self.norm1, self.norm2 = block.norm1, block.norm2
+        self.qkv, self.proj, self.first, self.last = block.qkv, block.proj, first, last
+        self.activation = activation
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, d) -> its queries, keys and values (B, T, 3, heads, d/heads)."""
+        n = self.norm1
+        x = F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps)
+        return F.linear(x, self.qkv.weight, self.qkv.bias).view(*x.shape[:2], 3, self.heads, -1)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """x (…, d) and its attention output (…, d, the heads side by side) -> the block's."""
+        x = x + F.linear(attended, self.proj.weight, self.proj.bias)
+        n = self.norm2
+        y = F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps)
+        activation = self.activation
+        y = F.linear(y, self.first.weight, self.first.bias)
+        if isinstance(activation, torch.nn.GELU):
+            y = F.gelu(y, approximate=activation.approximate)
+        elif isinstance(activation, torch.nn.ReLU):
+            y = F.relu(y)
+        else:
+            y = activation(y)
+        return x + F.linear(y, self.last.weight, self.last.bias)
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, d) after the cached ``keys``/``values`` (B, heads, L, d/heads): (B, T, d)
+        and the new columns' keys and values (B, heads, T, ·). mask (B, 1, T, L + T) or
+        (T, L + T) bool, or None (every key)."""
+        B, T, d = x.shape
+        q, k, v = (y.transpose(1, 2) for y in self.project(x).unbind(2))
+        attended = F.scaled_dot_product_attention(
+            q, torch.cat([keys, k], 2), torch.cat([values, v], 2), attn_mask=mask
+        )
+        return self.finish(x, attended.transpose(1, 2).reshape(B, T, d)), k, v
+
+
+def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """``norm`` (an ``nn.RMSNorm``) over x, without the module call."""
+    return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
 
 
 class GloeckleDrafter:
@@ -122,7 +160,7 @@ class GloeckleDrafter:
         columns: torch.Tensor,
         length: int,
     ) -> None:
-        self.blocks: list[TransformerBlock] = list(heads.layers.blocks)[:length]  # type: ignore[arg-type]
+        self.blocks = [_Block(b) for b in list(heads.layers.blocks)[:length]]  # type: ignore[arg-type]
         self.weight, self.bias, self.window = weight, bias, heads.window
         columns = columns[:, -self.window :]
         batch, read, _ = columns.shape
@@ -135,10 +173,7 @@ class GloeckleDrafter:
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x̂ (B, T, d) -> every head's queries (B, n·heads, T, ·) and keys/values
         (B, 2, n·heads, T, ·)."""
-        B, T, _ = x.shape
-        qkv = torch.stack(
-            [b.qkv(b.norm1(x)).view(B, T, 3, b.num_heads, -1) for b in self.blocks], 3
-        )  # (B, T, 3, n, heads, ·)
+        qkv = torch.stack([b.project(x) for b in self.blocks], 3)  # (B, T, 3, n, heads, ·)
         qkv = qkv.flatten(3, 4).permute(0, 2, 3, 1, 4)  # (B, 3, n·heads, T, ·)
         return qkv[:, 0], qkv[:, 1:]
 
@@ -154,10 +189,7 @@ class GloeckleDrafter:
         )  # (B, n·heads, 1, ·)
         batch, count = self.last.size(0), len(self.blocks)
         attended = attended.view(batch, count, -1)  # the heads' (·) side by side: (B, n, d)
-        vectors = []
-        for i, block in enumerate(self.blocks):
-            x = self.last + block.proj(attended[:, i])
-            vectors.append(x + block.ff(block.norm2(x)))
+        vectors = [block.finish(self.last, attended[:, i]) for i, block in enumerate(self.blocks)]
         tokens = functional.logits(torch.stack(vectors, 1), self.weight, self.bias).argmax(-1)
         return torch.cat([first[:, None], tokens], 1)
 
@@ -204,6 +236,9 @@ class MtpDrafter:
     ) -> None:
         self.heads, self.weight, self.bias = heads, weight, bias
         self.depths = length
+        self.blocks = [_Block(b) for b in list(heads.layers.blocks)[:length]]  # type: ignore[arg-type]
+        self.norms = list(zip(heads.hidden_norms, heads.word_norms, heads.output_norms))
+        self.projections: list[Any] = [p.weight for p in heads.projections]
         self.window = heads.window
         self.cached = self.window - 1  # L: the keys before the span's first column
         self.span = 2 * length  # S: the k + 1 columns a row may keep, the K − 1 reading drafts
@@ -211,9 +246,7 @@ class MtpDrafter:
         query = torch.arange(self.span)[:, None] + self.cached
         self.band = (position <= query) & (position > query - self.window)  # (S, L + S)
         self.itself = position == query
-        block = heads.layers.blocks[0]
-        assert isinstance(block, TransformerBlock)
-        self.attention_heads = block.num_heads
+        self.attention_heads = self.blocks[0].heads
         batch, read, d = columns.shape
         self.seen = torch.full((batch,), read, dtype=torch.long)  # columns read (CPU)
         width = max(read, self.span)
@@ -261,22 +294,21 @@ class MtpDrafter:
         the ids read after the span's columns, then d_1..d_{K−1} (filled here when drafting:
         ``first`` = d_0, else the zeros given). Returns d_1..d_K (B,) each (drafting; else []) and
         the span's keys/values (B, 2, K, heads, T, ·)."""
-        heads = self.heads
         batch, span, _ = columns.shape
         mask = self._mask(span)
         vectors = self.weight[words]  # x_s = E_out[y_s]: (B, T + K − 1, d)
         hidden, drafted, computed = columns, [], []
-        for k in range(self.depths):
-            block = heads.layers.blocks[k]
-            joined = torch.cat(
-                [heads.hidden_norms[k](hidden), heads.word_norms[k](vectors[:, k : k + span])], -1
-            )
-            hidden, keys, values = _block(
-                block, heads.projections[k](joined), cache[:, 0, k], cache[:, 1, k], mask
+        for k, (block, (hidden_norm, word_norm, output_norm), projection) in enumerate(
+            zip(self.blocks, self.norms, self.projections)
+        ):
+            words_k = _rms_norm(word_norm, vectors[:, k : k + span])
+            joined = torch.cat([_rms_norm(hidden_norm, hidden), words_k], -1)
+            hidden, keys, values = block(
+                F.linear(joined, projection), cache[:, 0, k], cache[:, 1, k], mask
             )
             computed.append(torch.stack([keys, values], 1))
             if first is not None:
-                vector = heads.output_norms[k](hidden[:, -1:])
+                vector = _rms_norm(output_norm, hidden[:, -1:])
                 token = functional.logits(vector, self.weight, self.bias)[:, 0].argmax(-1)
                 drafted.append(token)
                 if k + 1 < self.depths:  # the word depth k + 1 reads at column t

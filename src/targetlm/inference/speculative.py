@@ -18,7 +18,9 @@ has the index picture)::
     accept   d_1..d_j while d_{i+1} = g_i (j ≤ k); emit d_0..d_j, and g_j is the next d_0
 
 Only top-1 tokens are needed, so no softmax is computed anywhere: a draft is the argmax of its
-logits. Every emitted token is the one greedy decoding picks after the same prefix, so each
+logits. Heads over a window of columns (gloeckle, mtp) draft incrementally
+(:mod:`targetlm.inference.drafters`: their own keys/values per row, trimmed like the body's),
+the others by :func:`draft` at column t. Every emitted token is the one greedy decoding picks after the same prefix, so each
 row's output is greedy decoding's.
 
 Each row keeps its own accepted length j: the encoder's state is rewound per row
@@ -38,7 +40,7 @@ token only then), a step verifies d_0 alone: a plain greedy step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -100,6 +102,13 @@ def draft(
         tokens = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
         return torch.cat([first[:, None], tokens.t()], 1)
     drafted = [first]
+    if columns == 1:  # one column: head n's x̂_{t+n} from x_t..x_{t+n−1} alone
+        words_read = predicted.new_empty(batch, length, d)
+        for n in range(1, length + 1):
+            words_read[:, n - 1] = weight[drafted[-1]]
+            vector = heads.predict_at(raw[:n, :, 0], words_read[:, :n])
+            drafted.append(functional.logits(vector[:, None], weight, bias)[:, 0].argmax(-1))
+        return torch.stack(drafted, 1)
     # x_s = E_out of the words y_s from column t−P+1 on: the read ones, then the drafted ones
     # (zeros where not drafted yet: head n reads x_t..x_{t+n−1} only, drafted by then;
     # reconstruct defines column t only where x_{t+n} exists, hence P + n columns for heads 1..n)
@@ -172,12 +181,21 @@ class SpeculativeStats:
         return self.accepted / self.row_steps if self.row_steps else None
 
 
+class Abilities:
+    """What the encoder can do with a state, checked once per decoding (the protocols'
+    ``isinstance`` checks cost tens of microseconds each)."""
+
+    def __init__(self, encoder) -> None:
+        self.ragged = isinstance(encoder, RaggedEncoder)  # rewinds each row on its own
+        self.rewindable = isinstance(encoder, RewindableEncoder)
+        self.selectable = isinstance(encoder, RowSelectableEncoder)
+        self.regroupable = self.selectable and isinstance(encoder, RowConcatenableEncoder)
+        self.per_row = self.ragged or self.regroupable  # every row keeps its own length
+
+
 def per_row(model: LanguageModel) -> bool:
     """Whether every row keeps its own accepted length with this model's encoder."""
-    encoder = model.encoder
-    return isinstance(encoder, RaggedEncoder) or (
-        isinstance(encoder, RowSelectableEncoder) and isinstance(encoder, RowConcatenableEncoder)
-    )
+    return Abilities(model.encoder).per_row
 
 
 @torch.no_grad()
@@ -204,7 +222,8 @@ def speculative_decode(
     read (ending with ``predicted``), for heads that attend over ``window`` columns (None:
     column t alone). Emits into ``rows`` and returns the counts.
     """
-    encoder, heads = model.encoder, model.heads
+    encoder: Any = model.encoder  # what it can do: ``abilities``
+    heads = model.heads
     use_heads = drafter in ("heads", "both")
     if use_heads and (heads is None or model.num_heads < 1):
         raise ValueError(f"drafter {drafter!r} drafts with the N-gram heads: the model has none")
@@ -213,7 +232,7 @@ def speculative_decode(
         length = min(length, model.num_heads)
     lookup = PromptLookup(texts) if drafter in ("lookup", "both") else None
     context = encoder.max_context
-    ragged = per_row(model)
+    abilities = Abilities(encoder)
     alive = list(range(predicted.size(0)))  # the generating rows, as rows of the batch
     lengths = [read] * len(alive)  # tokens read per row
     first = functional.logits(predicted[:, None], weight, bias)[:, 0].argmax(-1)  # (B,) d_0
@@ -242,16 +261,19 @@ def speculative_decode(
         verified = model(drafted, state, run_heads=False)
         greedy = functional.logits(verified.main, weight, bias).argmax(-1)  # (B, k + 1)
         agree = (greedy[:, :-1] == drafted[:, 1:]).cumprod(1).sum(1)  # (B,)
-        if not ragged:
+        if not abilities.per_row:
             active = torch.tensor([not rows.done[r] for r in alive], device=agree.device)
             agree = agree[active].min().expand_as(agree)
         keep = agree + 1  # tokens each row keeps: d_0..d_j
         # the one read-back of the step: each row's kept count and drafted tokens
         host = torch.cat([keep[:, None], drafted], 1).tolist()
         kept = [h[0] for h in host]
-        state = _kept_state(model, state, verified.state, drafted, keep, kept, ragged)
-        batch = torch.arange(len(alive), device=keep.device)
-        predicted, first = verified.main[batch, keep - 1], greedy[batch, keep - 1]
+        state = _kept_state(model, state, verified.state, drafted, keep, kept, abilities)
+        if all(k == kept[0] for k in kept):  # (always at batch 1) a column of each
+            predicted, first = verified.main[:, kept[0] - 1], greedy[:, kept[0] - 1]
+        else:
+            batch = torch.arange(len(alive), device=keep.device)
+            predicted, first = verified.main[batch, keep - 1], greedy[batch, keep - 1]
         if windowed is not None:
             windowed.advance(verified.main, drafted, keep, kept, predicted)
         if drafted.size(1) > 1:
@@ -264,7 +286,7 @@ def speculative_decode(
             if lookup is not None:
                 lookup.append(b, tokens[1 : 1 + tokens[0]])
         staying = [b for b, row in enumerate(alive) if not rows.done[row]]
-        if len(staying) == len(alive) or not isinstance(encoder, RowSelectableEncoder):
+        if len(staying) == len(alive) or not abilities.selectable:
             if not staying:
                 break
             continue
@@ -308,32 +330,30 @@ def _kept_state(
     drafted: torch.Tensor,
     keep: torch.Tensor,
     kept: Sequence[int],
-    ragged: bool,
+    abilities: Abilities,
 ):
     """The state after each row read its first ``keep[b]`` drafted tokens (B, k + 1) from
     ``before`` (``kept``: the same counts, as ints): ``after`` (which read all of them) rewound
-    per row, or re-read; with one ``keep`` for all rows (not ``ragged``) the encoder's
-    :meth:`rewind` or a re-read."""
+    per row, or re-read; with one ``keep`` for all rows (an encoder without rows of their own
+    lengths) the encoder's :meth:`rewind` or a re-read."""
     width = drafted.size(1)
     if all(k == width for k in kept):
         return after
     dropped = width - keep  # (B,)
-    encoder = model.encoder
-    if not ragged:
+    encoder: Any = model.encoder  # what it can do: ``abilities``
+    if not abilities.per_row:
         n = width - kept[0]
-        if isinstance(encoder, RewindableEncoder):
+        if abilities.rewindable:
             state = encoder.rewind(after, n)
             if state is not None:
                 return state
         return model(drafted[:, : drafted.size(1) - n], before, run_heads=False).state
-    if isinstance(encoder, RaggedEncoder):
+    if abilities.ragged:
         state = encoder.rewind_rows(after, dropped.to(drafted.device))
         if state is not None:
             return state
     # the rows that keep the same number of tokens re-read them from the saved state
-    if not (
-        isinstance(encoder, RowSelectableEncoder) and isinstance(encoder, RowConcatenableEncoder)
-    ):
+    if not abilities.regroupable:
         raise ValueError(
             f"{type(encoder).__name__}: rows that keep different numbers of drafted tokens are "
             "re-read in groups, which needs states whose rows can be selected and concatenated"

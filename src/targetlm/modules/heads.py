@@ -22,6 +22,7 @@ y_{t−n}..y_{t−1}, which are inputs t−n+1..t: words already read (no future
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
@@ -123,6 +124,14 @@ class NgramHeads(nn.Module):
         """
         raise NotImplementedError
 
+    def predict_at(self, outputs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """Head n's x̂_{t+n} (B, d) at one column t, n = ``outputs.size(0)``, from heads 1..n's
+        raw outputs there (n, B, d) and the word vectors x_t..x_{t+n−1} (B, n, d): what
+        ``reconstruct`` gives there (drafting calls it once per drafted word, the drafts in
+        place of the words not read)."""
+        padded = F.pad(words, (0, 0, 0, 1))  # x_{t+n}: not needed, zeros
+        return self.reconstruct(outputs[:, :, None], padded)[-1, :, 0]
+
 
 @HEADS.register("simple")
 class SimpleHeads(NgramHeads):
@@ -146,6 +155,16 @@ class WdrHeads(NgramHeads):
             functional.wdr_conjugate(embeddings, n)[:, :T] for n in range(1, outputs.size(0) + 1)
         ]
         return outputs + torch.stack(conjugates).to(outputs.dtype)
+
+    def predict_at(self, outputs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """Head n's raw output plus the conjugate of x_t..x_{t+n−1} at column t alone, summed
+        as ``functional.wdr_conjugate`` sums it."""
+        n = outputs.size(0)
+        words = words.detach()
+        conjugate = torch.zeros_like(words[:, 0])
+        for i in range(1, n + 1):
+            conjugate -= math.comb(n, i) * (-1) ** i * words[:, n - i]
+        return outputs[-1] + conjugate.to(outputs.dtype)
 
 
 class ResBlock(nn.Module):
@@ -196,8 +215,8 @@ class MedusaHeads(NgramHeads):
 class WindowedBlocks(nn.Module):
     """One causal transformer layer per head (pre-norm self-attention and feed-forward, as the
     encoder's ``TransformerBlock``) whose query at column t attends to columns t−window+1..t
-    only. The papers attend over the whole prefix; a window bounds what drafting recomputes
-    per step (the last ``window`` columns, no cache of the heads' own keys and values).
+    only. The papers attend over the whole prefix; a window bounds the keys/values that
+    drafting caches per row (``inference.drafters``: a step computes the new columns only).
     The attention output projection and the feed-forward's last Linear start at zero, so each
     block starts as the identity (x + 0)."""
 
@@ -299,7 +318,8 @@ class SequentialMtpHeads(NgramHeads):
     (configs/tf-small-ptb-mtp.toml).
 
     Each block attends causally over its last ``window`` columns (the paper: the whole
-    prefix), so drafting recomputes a bounded window.
+    prefix), so drafting caches a bounded window of keys/values per depth
+    (``inference.drafters``).
 
     Args:
         embedding_dim: d (supplied by the builder).
