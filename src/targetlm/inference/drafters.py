@@ -246,6 +246,7 @@ class MtpDrafter:
         query = torch.arange(self.span)[:, None] + self.cached
         self.band = (position <= query) & (position > query - self.window)  # (S, L + S)
         self.itself = position == query
+        self.steady = self.band.to(weight.device)  # the mask once every row read L + S columns
         self.attention_heads = self.blocks[0].heads
         batch, read, d = columns.shape
         self.seen = torch.full((batch,), read, dtype=torch.long)  # columns read (CPU)
@@ -268,11 +269,14 @@ class MtpDrafter:
         self.computed: torch.Tensor | None = None  # the span's keys/values of the last propose
 
     def _mask(self, columns: int) -> torch.Tensor | None:
-        """(B, 1, T, L + T) bool for T = ``columns`` span columns (None while every row read
-        all the columns the cache and the span hold)."""
+        """The keys each query of T = ``columns`` span columns sees: (T, L + T) bool, the
+        window's band, once every row read all the columns the cache and the span hold (None if
+        the window covers them all), else (B, 1, T, L + T) without the positions a row lacks."""
         keys = self.cached + columns
         if columns == self.span:
             band, itself = self.band, self.itself
+            if int(self.seen.min()) >= keys:
+                return self.steady
         else:
             position = torch.arange(keys)
             query = torch.arange(columns)[:, None] + self.cached
