@@ -13,7 +13,7 @@ from conftest import ENCODER_OPTIONS, encoder_params, model_config
 
 from targetlm.config import ComponentConfig
 from targetlm.data import Vocabulary
-from targetlm.inference import speculative
+from targetlm.inference import drafters, speculative
 from targetlm.inference.generate import GenerationError, generate_batch
 from targetlm.modules import HEADS, CausalTransformer, build_model
 from targetlm.modules.heads import SimpleHeads
@@ -219,18 +219,31 @@ def test_each_row_keeps_its_own_accepted_length(encoder, monkeypatch):
 @pytest.mark.parametrize("kind", ["medusa", "gloeckle"])
 def test_every_draft_reads_the_x_hat_of_the_last_accepted_column(kind, monkeypatch):
     """d_0 is greedy's token from the last column's x̂: the x̂ the heads draft from (the last of
-    the window's columns) gives it, step after step, row after row."""
+    the window's columns, the incremental drafter's newest) gives it, step after step, row
+    after row."""
     options = {"window": 3} if kind == "gloeckle" else {}
     model = lm("transformer", kind, 4, seed=5, context=64, **options)
     calls = []
-    original = speculative.draft
 
-    def recording(heads, weight, bias, first, predicted, length, words=None):
-        last = predicted if predicted.dim() == 2 else predicted[:, -1]
+    def record(last, first):
         calls.append((bool((model.logits(last).argmax(-1) == first).all()), last[0].clone()))
-        return original(heads, weight, bias, first, predicted, length, words)
 
-    monkeypatch.setattr(speculative, "draft", recording)
+    if kind == "gloeckle":
+        propose = drafters.GloeckleDrafter.propose
+
+        def recording_propose(self, first):
+            record(self.last, first)
+            return propose(self, first)
+
+        monkeypatch.setattr(drafters.GloeckleDrafter, "propose", recording_propose)
+    else:
+        original = speculative.draft
+
+        def recording(heads, weight, bias, first, predicted, length, words=None):
+            record(predicted if predicted.dim() == 2 else predicted[:, -1], first)
+            return original(heads, weight, bias, first, predicted, length, words)
+
+        monkeypatch.setattr(speculative, "draft", recording)
     generate_batch(model, VOCAB, PROMPTS, 20, temperature=0, speculative=True)
     assert len(calls) > 3 and all(agrees for agrees, _ in calls)
     assert not torch.equal(calls[0][1], calls[-1][1])  # a new column's x̂ each step

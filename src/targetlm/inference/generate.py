@@ -255,7 +255,7 @@ def generate_batch(
     prediction = model(padded[:, :common], None, run_heads=False)
     read = common  # tokens read per row (the next column)
     # the last columns' main x̂, for heads that attend over a window of columns while drafting
-    window = model.heads.window if speculative and model.heads is not None else 1
+    window = model.heads.context if speculative and model.heads is not None else 1
     history = prediction.main[:, -window:]
     stats = None
     with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens

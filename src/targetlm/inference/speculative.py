@@ -18,7 +18,9 @@ has the index picture)::
     accept   d_1..d_j while d_{i+1} = g_i (j ≤ k); emit d_0..d_j, and g_j is the next d_0
 
 Only top-1 tokens are needed, so no softmax is computed anywhere: a draft is the argmax of its
-logits. Every emitted token is the one greedy decoding picks after the same prefix, so each
+logits. Heads over a window of columns (gloeckle, mtp) draft incrementally
+(:mod:`targetlm.inference.drafters`: their own keys/values per row, trimmed like the body's),
+the others by :func:`draft` at column t. Every emitted token is the one greedy decoding picks after the same prefix, so each
 row's output is greedy decoding's.
 
 Each row keeps its own accepted length j: the encoder's state is rewound per row
@@ -38,11 +40,12 @@ token only then), a step verifies d_0 alone: a plain greedy step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
 from targetlm import functional
+from targetlm.inference.drafters import window_drafter
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.interfaces import (
     RaggedEncoder,
@@ -99,6 +102,13 @@ def draft(
         tokens = functional.logits(vectors, weight, bias).argmax(-1)  # (length, B)
         return torch.cat([first[:, None], tokens.t()], 1)
     drafted = [first]
+    if columns == 1:  # one column: head n's x̂_{t+n} from x_t..x_{t+n−1} alone
+        words_read = predicted.new_empty(batch, length, d)
+        for n in range(1, length + 1):
+            words_read[:, n - 1] = weight[drafted[-1]]
+            vector = heads.predict_at(raw[:n, :, 0], words_read[:, :n])
+            drafted.append(functional.logits(vector[:, None], weight, bias)[:, 0].argmax(-1))
+        return torch.stack(drafted, 1)
     # x_s = E_out of the words y_s from column t−P+1 on: the read ones, then the drafted ones
     # (zeros where not drafted yet: head n reads x_t..x_{t+n−1} only, drafted by then;
     # reconstruct defines column t only where x_{t+n} exists, hence P + n columns for heads 1..n)
@@ -178,12 +188,21 @@ class SpeculativeStats:
         return self.accepted / self.row_steps if self.row_steps else None
 
 
+class Abilities:
+    """What the encoder can do with a state, checked once per decoding (the protocols'
+    ``isinstance`` checks cost tens of microseconds each)."""
+
+    def __init__(self, encoder) -> None:
+        self.ragged = isinstance(encoder, RaggedEncoder)  # rewinds each row on its own
+        self.rewindable = isinstance(encoder, RewindableEncoder)
+        self.selectable = isinstance(encoder, RowSelectableEncoder)
+        self.regroupable = self.selectable and isinstance(encoder, RowConcatenableEncoder)
+        self.per_row = self.ragged or self.regroupable  # every row keeps its own length
+
+
 def per_row(model: LanguageModel) -> bool:
     """Whether every row keeps its own accepted length with this model's encoder."""
-    encoder = model.encoder
-    return isinstance(encoder, RaggedEncoder) or (
-        isinstance(encoder, RowSelectableEncoder) and isinstance(encoder, RowConcatenableEncoder)
-    )
+    return Abilities(model.encoder).per_row
 
 
 @torch.no_grad()
@@ -210,7 +229,8 @@ def speculative_decode(
     read (ending with ``predicted``), for heads that attend over ``window`` columns (None:
     column t alone). Emits into ``rows`` and returns the counts.
     """
-    encoder, heads = model.encoder, model.heads
+    encoder: Any = model.encoder  # what it can do: ``abilities``
+    heads = model.heads
     use_heads = drafter in ("heads", "both")
     if use_heads and (heads is None or model.num_heads < 1):
         raise ValueError(f"drafter {drafter!r} drafts with the N-gram heads: the model has none")
@@ -219,52 +239,61 @@ def speculative_decode(
         length = min(length, model.num_heads)
     lookup = PromptLookup(texts) if drafter in ("lookup", "both") else None
     context = encoder.max_context
-    ragged = per_row(model)
+    abilities = Abilities(encoder)
     alive = list(range(predicted.size(0)))  # the generating rows, as rows of the batch
-    lengths = torch.full((len(alive),), read, dtype=torch.long)  # tokens read per row (CPU)
+    lengths = [read] * len(alive)  # tokens read per row
     first = functional.logits(predicted[:, None], weight, bias)[:, 0].argmax(-1)  # (B,) d_0
-    # heads over columns: the last ≤ window columns' x̂ and the words y read after all but the last
-    window = heads.window if use_heads and heads is not None else 1
-    columns = predicted[:, None] if history is None or window == 1 else history[:, -window:]
-    known = columns.size(1) - 1  # (a row that ended before speculation began has fewer: zeros)
-    words = torch.tensor(
-        [[0] * max(known - len(t), 0) + (list(t[-known:]) if known else []) for t in texts],
-        dtype=torch.long,
-        device=predicted.device,
-    ).view(len(texts), known)
+    # heads over columns draft incrementally (their own keys/values): from the last ≤ context
+    # columns' x̂ and the words y read after all but the last
+    windowed = None
+    if use_heads and heads is not None and heads.window > 1:
+        columns = predicted[:, None] if history is None else history[:, -heads.context :]
+        known = columns.size(1) - 1  # (a row that ended before speculation began has fewer: zeros)
+        words = torch.tensor(
+            [[0] * max(known - len(t), 0) + (list(t[-known:]) if known else []) for t in texts],
+            dtype=torch.long,
+            device=predicted.device,
+        ).view(len(texts), known)
+        windowed = window_drafter(heads, weight, bias, columns, words, length)
     stats = SpeculativeStats()
     while alive:
-        fits = context is None or int(lengths.max()) + length + 1 <= context
+        fits = context is None or max(lengths) + length + 1 <= context
         drafted = first[:, None]
-        if fits and use_heads and heads is not None:
-            drafted = draft(
-                heads, weight, bias, first, predicted if window == 1 else columns, length, words
-            )
+        if fits and windowed is not None:
+            drafted = windowed.propose(first)
+        elif fits and use_heads and heads is not None:
+            drafted = draft(heads, weight, bias, first, predicted, length)
         if fits and lookup is not None:
             drafted = _looked_up(lookup, drafted, length)
         verified = model(drafted, state, run_heads=False)
         greedy = functional.logits(verified.main, weight, bias).argmax(-1)  # (B, k + 1)
-        agree = (greedy[:, :-1] == drafted[:, 1:]).long().cumprod(1).sum(1)  # (B,)
-        if not ragged:
+        agree = (greedy[:, :-1] == drafted[:, 1:]).cumprod(1).sum(1)  # (B,)
+        if not abilities.per_row:
             active = torch.tensor([not rows.done[r] for r in alive], device=agree.device)
             agree = agree[active].min().expand_as(agree)
         keep = agree + 1  # tokens each row keeps: d_0..d_j
-        state = _kept_state(model, state, verified.state, drafted, keep, ragged)
-        batch = torch.arange(len(alive), device=keep.device)
-        predicted, first = verified.main[batch, keep - 1], greedy[batch, keep - 1]
-        if window > 1:
-            columns, words = _slide(columns, words, verified.main, drafted, keep, window)
-        lengths += keep.cpu()
+        # the one read-back of the step: each row's kept count and drafted tokens
+        host = torch.cat([keep[:, None], drafted], 1).tolist()
+        kept = [h[0] for h in host]
+        state = _kept_state(model, state, verified.state, drafted, keep, kept, abilities)
+        if all(k == kept[0] for k in kept):  # (always at batch 1) a column of each
+            predicted, first = verified.main[:, kept[0] - 1], greedy[:, kept[0] - 1]
+        else:
+            batch = torch.arange(len(alive), device=keep.device)
+            predicted, first = verified.main[batch, keep - 1], greedy[batch, keep - 1]
+        if windowed is not None:
+            windowed.advance(verified.main, drafted, keep, kept, predicted)
         if drafted.size(1) > 1:
             stats.steps += 1
             stats.row_steps += len(alive)
-            stats.accepted += int(agree.sum())
-        for b, (row, tokens, kept) in enumerate(zip(alive, drafted.tolist(), keep.tolist())):
-            rows.add(row, tokens[:kept])
+            stats.accepted += sum(kept) - len(kept)
+        for b, (row, tokens) in enumerate(zip(alive, host)):
+            lengths[b] += tokens[0]
+            rows.add(row, tokens[1 : 1 + tokens[0]])
             if lookup is not None:
-                lookup.append(b, tokens[:kept])
+                lookup.append(b, tokens[1 : 1 + tokens[0]])
         staying = [b for b, row in enumerate(alive) if not rows.done[row]]
-        if len(staying) == len(alive) or not isinstance(encoder, RowSelectableEncoder):
+        if len(staying) == len(alive) or not abilities.selectable:
             if not staying:
                 break
             continue
@@ -272,33 +301,14 @@ def speculative_decode(
             break
         index = torch.tensor(staying, device=predicted.device)
         state = encoder.select_rows(state, index)
-        predicted, first, lengths = predicted[index], first[index], lengths[index.cpu()]
-        columns, words = columns[index], words[index]
+        predicted, first = predicted[index], first[index]
+        lengths = [lengths[b] for b in staying]
+        if windowed is not None:
+            windowed.select(index)
         alive = [alive[b] for b in staying]
         if lookup is not None:
             lookup.select(staying)
     return stats
-
-
-def _slide(
-    columns: torch.Tensor,
-    words: torch.Tensor,
-    verified: torch.Tensor,
-    drafted: torch.Tensor,
-    keep: torch.Tensor,
-    window: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The last ≤ ``window`` columns' x̂ (B, P', d) and their words (B, P' − 1) after row b
-    read ``keep[b]`` of the ``drafted`` tokens (B, k + 1), whose x̂ are ``verified``
-    (B, k + 1, d): from ``columns`` (B, P, d) and ``words`` (B, P − 1)."""
-    before = columns.size(1)
-    width = min(window, before + int(keep.min()))
-    joined = torch.cat([columns, verified], 1)  # (B, P + k + 1, d)
-    # y of joined column j: the token read after it (the last kept column's is not known)
-    tokens = torch.cat([words, drafted], 1)  # (B, P + k)
-    index = (keep + before - width)[:, None] + torch.arange(width, device=keep.device)
-    columns = joined.gather(1, index[..., None].expand(-1, -1, joined.size(2)))
-    return columns, tokens.gather(1, index[:, :-1])
 
 
 def _looked_up(lookup: PromptLookup, drafted: torch.Tensor, length: int) -> torch.Tensor:
@@ -326,42 +336,43 @@ def _kept_state(
     after,
     drafted: torch.Tensor,
     keep: torch.Tensor,
-    ragged: bool,
+    kept: Sequence[int],
+    abilities: Abilities,
 ):
     """The state after each row read its first ``keep[b]`` drafted tokens (B, k + 1) from
-    ``before``: ``after`` (which read all of them) rewound per row, or re-read; with one
-    ``keep`` for all rows (not ``ragged``) the encoder's :meth:`rewind` or a re-read."""
-    dropped = drafted.size(1) - keep  # (B,)
-    if not bool(dropped.any()):
+    ``before`` (``kept``: the same counts, as ints): ``after`` (which read all of them) rewound
+    per row, or re-read; with one ``keep`` for all rows (an encoder without rows of their own
+    lengths) the encoder's :meth:`rewind` or a re-read."""
+    width = drafted.size(1)
+    if all(k == width for k in kept):
         return after
-    encoder = model.encoder
-    if not ragged:
-        n = int(dropped[0])
-        if isinstance(encoder, RewindableEncoder):
+    dropped = width - keep  # (B,)
+    encoder: Any = model.encoder  # what it can do: ``abilities``
+    if not abilities.per_row:
+        n = width - kept[0]
+        if abilities.rewindable:
             state = encoder.rewind(after, n)
             if state is not None:
                 return state
         return model(drafted[:, : drafted.size(1) - n], before, run_heads=False).state
-    if isinstance(encoder, RaggedEncoder):
+    if abilities.ragged:
         state = encoder.rewind_rows(after, dropped.to(drafted.device))
         if state is not None:
             return state
     # the rows that keep the same number of tokens re-read them from the saved state
-    if not (
-        isinstance(encoder, RowSelectableEncoder) and isinstance(encoder, RowConcatenableEncoder)
-    ):
+    if not abilities.regroupable:
         raise ValueError(
             f"{type(encoder).__name__}: rows that keep different numbers of drafted tokens are "
             "re-read in groups, which needs states whose rows can be selected and concatenated"
         )
     parts, order = [], []
-    for kept in sorted(set(keep.tolist())):
-        index = torch.nonzero(keep == kept).squeeze(1).to(drafted.device)
-        if kept == drafted.size(1):
+    for count in sorted(set(kept)):
+        index = torch.nonzero(keep == count).squeeze(1).to(drafted.device)
+        if count == width:
             parts.append(encoder.select_rows(after, index))
         else:
             part = encoder.select_rows(before, index)
-            parts.append(model(drafted[index, :kept], part, run_heads=False).state)
+            parts.append(model(drafted[index, :count], part, run_heads=False).state)
         order.append(index)
     inverse = torch.argsort(torch.cat(order))
     return encoder.select_rows(encoder.concat_rows(parts), inverse)

@@ -22,6 +22,7 @@ y_{t−n}..y_{t−1}, which are inputs t−n+1..t: words already read (no future
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
@@ -71,11 +72,17 @@ class NgramHeads(nn.Module):
             the MLP heads; a transformer layer per head attends over its last ``window``
             columns). Drafting passes the heads the last ``window`` columns' main x̂ and, to
             ``reconstruct``, the words y of those columns (the read text, then the drafts).
+        context: how many columns up to t drafting at t reads (their main x̂ and words): the
+            window, or more for layers that read other layers' outputs over their windows.
     """
 
     reads_words: bool = False
     drafts: bool = True
     window: int = 1
+
+    @property
+    def context(self) -> int:
+        return self.window
 
     def __init__(
         self,
@@ -117,6 +124,14 @@ class NgramHeads(nn.Module):
         """
         raise NotImplementedError
 
+    def predict_at(self, outputs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """Head n's x̂_{t+n} (B, d) at one column t, n = ``outputs.size(0)``, from heads 1..n's
+        raw outputs there (n, B, d) and the word vectors x_t..x_{t+n−1} (B, n, d): what
+        ``reconstruct`` gives there (drafting calls it once per drafted word, the drafts in
+        place of the words not read)."""
+        padded = F.pad(words, (0, 0, 0, 1))  # x_{t+n}: not needed, zeros
+        return self.reconstruct(outputs[:, :, None], padded)[-1, :, 0]
+
 
 @HEADS.register("simple")
 class SimpleHeads(NgramHeads):
@@ -140,6 +155,16 @@ class WdrHeads(NgramHeads):
             functional.wdr_conjugate(embeddings, n)[:, :T] for n in range(1, outputs.size(0) + 1)
         ]
         return outputs + torch.stack(conjugates).to(outputs.dtype)
+
+    def predict_at(self, outputs: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        """Head n's raw output plus the conjugate of x_t..x_{t+n−1} at column t alone, summed
+        as ``functional.wdr_conjugate`` sums it."""
+        n = outputs.size(0)
+        words = words.detach()
+        conjugate = torch.zeros_like(words[:, 0])
+        for i in range(1, n + 1):
+            conjugate -= math.comb(n, i) * (-1) ** i * words[:, n - i]
+        return outputs[-1] + conjugate.to(outputs.dtype)
 
 
 class ResBlock(nn.Module):
@@ -190,8 +215,8 @@ class MedusaHeads(NgramHeads):
 class WindowedBlocks(nn.Module):
     """One causal transformer layer per head (pre-norm self-attention and feed-forward, as the
     encoder's ``TransformerBlock``) whose query at column t attends to columns t−window+1..t
-    only. The papers attend over the whole prefix; a window bounds what drafting recomputes
-    per step (the last ``window`` columns, no cache of the heads' own keys and values).
+    only. The papers attend over the whole prefix; a window bounds the keys/values that
+    drafting caches per row (``inference.drafters``: a step computes the new columns only).
     The attention output projection and the feed-forward's last Linear start at zero, so each
     block starts as the identity (x + 0)."""
 
@@ -293,7 +318,8 @@ class SequentialMtpHeads(NgramHeads):
     (configs/tf-small-ptb-mtp.toml).
 
     Each block attends causally over its last ``window`` columns (the paper: the whole
-    prefix), so drafting recomputes a bounded window.
+    prefix), so drafting caches a bounded window of keys/values per depth
+    (``inference.drafters``).
 
     Args:
         embedding_dim: d (supplied by the builder).
@@ -330,6 +356,15 @@ class SequentialMtpHeads(NgramHeads):
             depths, d, num_attention_heads, ff_size or 4 * d, window, dropout
         )
         self.output_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
+
+    @property
+    def context(self) -> int:
+        """Columns up to t that exact incremental drafting (``inference.drafters``) reads at its
+        start: depth k at column s reads depth k − 1 over s − window + 1..s, so the last of N − 1
+        depths reaches (N − 1)(window − 1) columns back from each of the cached window − 1
+        columns and the 2(N − 1) columns recomputed per step."""
+        depths = self.num_predictions - 1
+        return 2 * depths + self.num_predictions * (self.window - 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """x̂ (B, T, d) -> h^0 = x̂ for each depth, (N−1, B, T, d) (an expanded view)."""
