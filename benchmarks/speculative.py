@@ -71,6 +71,7 @@ from generate import train_model  # noqa: E402
 
 from targetlm.data import read_lines  # noqa: E402
 from targetlm.inference import speculative  # noqa: E402
+from targetlm.inference.drafters import window_drafter  # noqa: E402
 from targetlm.inference.generate import generate_batch  # noqa: E402
 from targetlm.modules.hf import HfEncoder  # noqa: E402
 from targetlm.runs import load_run  # noqa: E402
@@ -131,14 +132,20 @@ def step_costs(model, vocab, prefix: int = 128, rounds: int = 20) -> dict[str, f
         def undo(k):
             return (lambda: model.encoder.rewind(state, k)) if in_place else (lambda: None)
 
-        window = model.heads.window if model.heads is not None else 1
+        window = model.heads.context if model.heads is not None else 1
         columns = model(ids[:, : prefix + 1], None, run_heads=False).main[:, -window:]
         words = ids[:, prefix + 2 - columns.size(1) : prefix + 1]
         first = model.logits(last[:, -1]).argmax(-1)
+        length = model.num_heads
+        if window > 1 and model.heads is not None:  # the heads' own cache (gloeckle, mtp)
+            drafter = window_drafter(model.heads, weight, bias, columns, words, length)
 
-        def draft():  # what a decoding step drafts with (the heads' window of columns)
-            length = model.num_heads
-            return speculative.draft(model.heads, weight, bias, first, columns, length, words)
+            def draft():  # a step's proposal (the cache update of the kept columns not timed)
+                return drafter.propose(first)
+        else:
+
+            def draft():  # what a decoding step drafts with: the heads on the last column
+                return speculative.draft(model.heads, weight, bias, first, columns, length, words)
 
         parts = {f"verify_{k}": (verify(k), undo(k)) for k in VERIFY_WIDTHS}
         heads = model.heads
