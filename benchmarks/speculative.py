@@ -289,6 +289,9 @@ def share_bodies(entries: dict[str, Entry]) -> None:
                 heads = entry.model.heads
                 entry.model = copy.copy(entries[first].model)
                 entry.model._modules = {**entries[first].model._modules, "heads": heads}
+                # a body built without heads holds heads = None as a plain attribute, which
+                # would hide the module entry: drop the copy's
+                vars(entry.model).pop("heads", None)
                 entry.body, entry.prompts = first, entries[first].prompts
                 print(f"note: {label} has {first}'s body (the same weights): its baseline")
                 break
