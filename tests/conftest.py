@@ -124,6 +124,16 @@ def tiny_lexicon(words) -> Lexicon:
 
 
 @pytest.fixture(autouse=True)
+def no_learning_curve(request, monkeypatch):
+    """A finished run's learning-curve figure is drawn only in the tests marked
+    ``learning_curve``: matplotlib (its layout and log-scale tick labels) is about two thirds
+    of a tiny run's time; elsewhere report.md goes without the figure, as when nothing was
+    logged."""
+    if request.node.get_closest_marker("learning_curve") is None:
+        monkeypatch.setattr("targetlm.analysis.report.plot_learning_curve", lambda *args: False)
+
+
+@pytest.fixture(autouse=True)
 def fake_wordnet(monkeypatch):
     """Models built in tests ground GroC in :func:`tiny_lexicon`, never in the real WordNet
     (tests of the WordNet reader call ``targetlm.lexicon.wordnet`` directly)."""

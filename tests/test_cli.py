@@ -91,6 +91,7 @@ def tiny_config() -> config_lib.Config:
 # --- train ----------------------------------------------------------------------------------
 
 
+@pytest.mark.learning_curve  # (run_dir, module-scoped, is trained before any stub)
 def test_train_writes_a_complete_run_dir(run_dir):
     names = {p.name for p in run_dir.iterdir()}
     expected = {

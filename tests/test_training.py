@@ -68,14 +68,16 @@ REGULARISED = {
     ],
 )
 def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path, overrides):
-    config = tiny_config(**overrides)
+    # half the usual corpus: an epoch of 14 steps, two of them
+    config = tiny_config(**overrides, **{"data.synthetic.train_sentences": 60})
     full = Trainer(config, tmp_path / "full", log=_quiet).train()
 
-    stopped = config.replace(["train.max_steps=9"])  # stops mid-epoch (an epoch has 28 steps)
+    stopped = config.replace(["train.max_steps=9"])  # stops mid-epoch
     Trainer(stopped, tmp_path / "resumed", log=_quiet).train()
     assert len(_train_losses(tmp_path / "resumed")) == 9
     resumed = Trainer(config, tmp_path / "resumed", resume=True, log=_quiet).train()
 
+    assert len(_train_losses(tmp_path / "full")) == full["steps"] > 18  # 9 is in epoch 1
     assert _train_losses(tmp_path / "resumed") == _train_losses(tmp_path / "full")
     assert resumed["test"]["ppl"] == full["test"]["ppl"]
     assert resumed["valid"]["ppl"] == full["valid"]["ppl"]

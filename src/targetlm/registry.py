@@ -16,6 +16,7 @@ user may not set it from a config.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import types
@@ -202,6 +203,19 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
+# a constructor's signature and annotations, read once: every config check asks for them
+# (a model's components' several times), and inspect and typing take milliseconds each time
+@functools.cache
+def _signature(target: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(target)
+
+
+@functools.cache
+def _hints(target: Callable[..., Any]) -> dict[str, Any]:
+    function = target.__init__ if inspect.isclass(target) else target
+    return typing.get_type_hints(function, include_extras=True)
+
+
 class Registry(Generic[T]):
     """Maps names to component classes of one kind."""
 
@@ -235,7 +249,7 @@ class Registry(Generic[T]):
 
     def options(self, name: str) -> dict[str, inspect.Parameter]:
         """The user-settable constructor parameters of ``name`` (context excluded)."""
-        signature = inspect.signature(self.get(name))
+        signature = _signature(self.get(name))
         return {
             key: p
             for key, p in signature.parameters.items()
@@ -244,9 +258,7 @@ class Registry(Generic[T]):
 
     def hints(self, name: str) -> dict[str, Any]:
         """The constructor's annotations of ``name``, with their declared ranges."""
-        target = self.get(name)
-        function = target.__init__ if inspect.isclass(target) else target
-        return typing.get_type_hints(function, include_extras=True)
+        return _hints(self.get(name))
 
     def validate(self, name: str, options: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         """Check ``options`` against the constructor of ``name``; return them typed."""
@@ -267,7 +279,7 @@ class Registry(Generic[T]):
 
     def build(self, name: str, options: Mapping[str, Any], prefix: str = "", **context: Any) -> T:
         checked = self.validate(name, options, prefix or self.kind)
-        accepted = inspect.signature(self.get(name)).parameters
+        accepted = _signature(self.get(name)).parameters
         passed = {k: v for k, v in context.items() if k in accepted}
         try:
             return self.get(name)(**passed, **checked)

@@ -12,21 +12,23 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from targetlm.modules.model import LanguageModel
-from targetlm.objectives.ngram import NgramLoss
 
 
 def batch_gradient_diversity(
     model: LanguageModel,
-    objective: NgramLoss,
+    objective: nn.Module,
     inputs: torch.Tensor,
     targets: torch.Tensor,
     state: Any = None,
 ) -> float:
     """Gradient diversity of one batch over all trainable parameters (B backward passes).
 
-    inputs (B, T), targets (B, T [+ lookahead]) as the trainer passes them. Leaves the
+    objective: the loss the step minimises (an :class:`~targetlm.objectives.NgramLoss`, or the
+    task's loss around one), called as an objective: (prediction, targets, E_out, b) ->
+    LossOutput. inputs (B, T), targets (B, T [+ lookahead]) as the trainer passes them. Leaves the
     parameters' ``.grad`` and the random number generators untouched (dropout masks drawn
     here are forgotten), so a measured run trains exactly as an unmeasured one.
     """

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from targetlm.lexicon.lexicon import Lexicon
 
 __all__ = [
+    "ConditionalEncoder",
     "EmbeddingTable",
     "HasTrainingCache",
     "OpenVocabularyEmbedding",
@@ -72,6 +73,17 @@ class HasTrainingCache(Protocol):
 
     def load_training_cache(self, cache: torch.Tensor | None) -> None:
         """Restore what :meth:`training_cache` returned."""
+        ...
+
+
+@runtime_checkable
+class ConditionalEncoder(Protocol):
+    """An encoder that reads a source besides the target stream (``Encoder.conditional``: an
+    encoder-decoder, a diffusion denoiser): the target is read from the state of its source."""
+
+    def start(self, source: torch.Tensor, mask: torch.Tensor) -> Any:
+        """The state a target starts from: the embedded source (B, S, d) with its mask (B, S)
+        (True = a real token) encoded."""
         ...
 
 

@@ -23,9 +23,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import torch
+from torch import nn
 
 from targetlm.data.batching import Batch
 from targetlm.modules.model import LanguageModel, Prediction
@@ -34,10 +35,13 @@ from targetlm.registry import ConfigError, Registry
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from torch import nn
-
     from targetlm.config import Config
     from targetlm.data.vocab import Vocabulary
+    from targetlm.objectives.ngram import NgramLoss
+
+# the module a task trains, evaluates and reads batches with (:meth:`Task.model_to_train`):
+# the language model itself, or a module around it (a classifier)
+ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
 @dataclass
@@ -56,9 +60,10 @@ class TaskData:
     batches: dict[str, Any] = field(default_factory=dict)
 
 
-class Task(ABC):
+class Task(ABC, Generic[ModelT]):
     """What a task is: its data, its batches, how the model reads one, its loss around the
-    run's objective, its evaluation and final figures (see the module).
+    run's objective, its evaluation and final figures (see the module). ``ModelT``: the
+    module it trains (:meth:`model_to_train`), which every method after that reads.
 
     Declared capabilities:
         conditional: the task reads a source besides the target stream (translation) and
@@ -114,15 +119,16 @@ class Task(ABC):
                 "(use a bidirectional encoder, e.g. 'crammed_bert')"
             )
 
-    def model_to_train(self, model: LanguageModel, data: TaskData, config: Config) -> nn.Module:
+    def model_to_train(self, model: LanguageModel, data: TaskData, config: Config) -> ModelT:
         """The module the run trains, evaluates and checkpoints, around the built language
         model (its weights already loaded when finetuning). It reads a batch through
         :meth:`predict`, and its ``output()`` plays the output layer's part for the run's
-        objective, which is built for it. The model itself by default; a classifier wraps
-        it in a pooled head (``classification``)."""
-        return model
+        objective, which is built for it. The model itself by default (a task whose
+        ``ModelT`` is :class:`LanguageModel`); a classifier wraps it in a pooled head
+        (``classification``) and overrides this."""
+        return cast(ModelT, model)  # the default is right for ModelT = LanguageModel only
 
-    def training_objective(self, objective: nn.Module, model: LanguageModel) -> nn.Module:
+    def training_objective(self, objective: NgramLoss, model: ModelT) -> nn.Module:
         """The loss the step minimises, around the run's built objective (an
         :class:`~targetlm.objectives.NgramLoss`); the objective itself by default."""
         return objective
@@ -136,7 +142,7 @@ class Task(ABC):
         keep their ids; only a :attr:`finetunable` task is given one)."""
 
     def prepare(
-        self, data: TaskData, config: Config, model: LanguageModel, log: Callable[[str], None]
+        self, data: TaskData, config: Config, model: ModelT, log: Callable[[str], None]
     ) -> None:
         """Fit the data to the built model before training (e.g. leave out training pairs
         longer than its context); runs before the run directory is written. Nothing by
@@ -152,7 +158,7 @@ class Task(ABC):
     @abstractmethod
     def evaluate(
         self,
-        model: LanguageModel,
+        model: ModelT,
         data: TaskData,
         split: str,
         objective: nn.Module,
@@ -165,7 +171,7 @@ class Task(ABC):
     @abstractmethod
     def final_results(
         self,
-        model: LanguageModel,
+        model: ModelT,
         data: TaskData,
         split: str,
         objective: nn.Module,
@@ -186,12 +192,12 @@ class Task(ABC):
 
     @abstractmethod
     def predict(
-        self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True
+        self, model: ModelT, batch: Batch, state: Any = None, *, run_heads: bool = True
     ) -> Prediction:
         """Run ``model`` on ``batch`` (continuing ``state``): its :class:`Prediction`."""
 
 
-class StreamTask(Task):
+class StreamTask(Task[LanguageModel]):
     """A task over one token stream per split (language modelling); the language-model
     commands (``generate``, ``score``, ``eval`` on a file) read its runs."""
 
@@ -216,9 +222,9 @@ class StreamTask(Task):
         """
 
 
-TASKS: Registry[Task] = Registry("task")
+TASKS: Registry[Task[Any]] = Registry("task")
 
 
-def build_task(config: Config) -> Task:
+def build_task(config: Config) -> Task[Any]:
     """The task of ``config`` (``[task]``), built from the registry."""
     return TASKS.build(config.task.kind, config.task.options, "task")

@@ -72,7 +72,8 @@ class PaddedBatch(Batch):
 
     def to(self, device: torch.device | str) -> PaddedBatch:
         moved = super().to(device)
-        return PaddedBatch(**{**moved.__dict__, "mask": self.mask.to(device)})
+        mask = None if self.mask is None else self.mask.to(device)
+        return PaddedBatch(**{**moved.__dict__, "mask": mask})
 
 
 def _fraction(value: float) -> str:
@@ -214,7 +215,7 @@ class SequenceClassifier(nn.Module):
 
 
 @TASKS.register("classification")
-class SequenceClassificationTask(Task):
+class SequenceClassificationTask(Task[SequenceClassifier]):
     """Sequence classification by a pooled head on a bidirectional encoder (finetuning a masked
     LM: ``train.init_from``; see the module docstring).
 

@@ -28,7 +28,7 @@ from torch import nn
 from targetlm.data.batching import IGNORE
 from targetlm.modules.diffusion import SAMPLERS, build_schedule, clip_noise_scale, denoiser_of
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.objectives.diffusion import DiffusionInputs, diffusion_loss
+from targetlm.objectives.diffusion import DiffusionInputs, DiffusionLoss, diffusion_loss
 from targetlm.registry import ConfigError, Count, NonNegative, Positive, Probability, Seed, Size
 from targetlm.tasks.base import TASKS, Batch, TaskData
 from targetlm.tasks.translation import SentencePairTask
@@ -36,6 +36,7 @@ from targetlm.tasks.translation import SentencePairTask
 if TYPE_CHECKING:
     from targetlm.config import Config
     from targetlm.data.vocab import Vocabulary
+    from targetlm.objectives.ngram import NgramLoss
 
 
 @TASKS.register("diffusion")
@@ -116,7 +117,7 @@ class DiffusionTask(SentencePairTask):
         self.length_loss_weight, self.anchor_weight = length_loss_weight, anchor_weight
         self.diffusion_weight = diffusion_weight
         self.clip_every = clip_every
-        self.decode = {
+        self.decode: dict[str, Any] = {
             "steps": decode_steps,
             "length_beam": length_beam,
             "samples": samples,
@@ -228,7 +229,7 @@ class DiffusionTask(SentencePairTask):
     def check_model(self, kind: str, encoder_kind: str, model: LanguageModel) -> None:
         """A denoiser whose length classes cover the default length beam."""
         super().check_model(kind, encoder_kind, model)
-        beam, classes = self.decode["length_beam"], model.encoder.num_length_classes
+        beam, classes = self.decode["length_beam"], denoiser_of(model).num_length_classes
         if beam > classes:
             raise ConfigError(
                 f"task.length_beam = {beam} exceeds the denoiser's {classes} length classes "
@@ -244,7 +245,7 @@ class DiffusionTask(SentencePairTask):
             "length_weight": self.length_loss_weight,
         }
 
-    def training_objective(self, objective: nn.Module, model: LanguageModel) -> nn.Module:
+    def training_objective(self, objective: NgramLoss, model: LanguageModel) -> DiffusionLoss:
         """:class:`~targetlm.objectives.diffusion.DiffusionLoss` around the run's objective."""
         denoiser_of(model)  # a clear error for any other encoder
         return diffusion_loss(objective, model.heads, **self.loss_weights())
@@ -262,6 +263,8 @@ class DiffusionTask(SentencePairTask):
         rounds to the target through the logit layer), which picks the best model."""
         from targetlm.inference.diffusion import evaluate_diffusion
 
+        if not isinstance(objective, DiffusionLoss):  # what training_objective made
+            raise TypeError(f"a diffusion run evaluates its DiffusionLoss, not {objective!r}")
         return evaluate_diffusion(model, data.batches[split], self, objective, device)
 
     def final_results(

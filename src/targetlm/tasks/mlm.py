@@ -63,7 +63,8 @@ class MaskedBatch(Batch):
 
     def to(self, device: torch.device | str) -> MaskedBatch:
         moved = super().to(device)
-        return MaskedBatch(**{**moved.__dict__, "masked": self.masked.to(device)})
+        masked = None if self.masked is None else self.masked.to(device)
+        return MaskedBatch(**{**moved.__dict__, "masked": masked})
 
 
 def mask_tokens(
@@ -190,7 +191,7 @@ class MaskedBlocks(Sequence[MaskedBatch]):
 
 
 @TASKS.register("mlm")
-class MaskedLmTask(Task):
+class MaskedLmTask(Task[LanguageModel]):
     """Masked language modelling with a bidirectional encoder (``model.encoder.kind =
     "crammed_bert"``), the masked-token loss through the run's output layer, and N-gram / WDR
     heads at the masked positions (see the module docstring).

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from targetlm.data.batching import IGNORE, pad
+from targetlm.modules.interfaces import ConditionalEncoder
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.registry import ConfigError
 from targetlm.tasks.base import TASKS, Batch, Task, TaskData
@@ -72,7 +73,7 @@ def pair_batches(
     return [make_batch([source[i] for i in g], [target[i] for i in g], eos) for g in groups]
 
 
-class SentencePairTask(Task):
+class SentencePairTask(Task[LanguageModel]):
     """A task on sentence pairs (``targetlm.data.parallel``): the data, batches and checks
     that translation and diffusion share, and the decoder interface ``targetlm translate``
     and ``targetlm eval`` use.
@@ -135,11 +136,13 @@ class SentencePairTask(Task):
         ``max_context``): training pairs are left out and counted, as empty ones are; a valid
         or test pair is an error naming it (scores over part of a split would mislead)."""
         from targetlm.data.datasets import parse_split
-        from targetlm.data.parallel import split_file
+        from targetlm.data.parallel import languages, split_file
         from targetlm.data.vocab import DataError
 
         c = config.data
         context = model.encoder.max_context
+        if context is None:  # an encoder-decoder or a denoiser always has one
+            raise ValueError(f"a {type(model.encoder).__name__} has no max_context")
         train = data.splits["train"]
         keep = [
             i
@@ -161,9 +164,7 @@ class SentencePairTask(Task):
         for split in dict.fromkeys([c.valid, c.test]):
             part = data.corpus.splits[split]
             for number, pair in enumerate(zip(part.source, part.target), 1):
-                for side, lang, ids in zip(
-                    ("source", "target"), (c.source_lang, c.target_lang), pair
-                ):
+                for side, lang, ids in zip(("source", "target"), languages(c), pair):
                     if len(ids) > context:
                         path = split_file(c, parse_split(split)[0], lang)
                         raise DataError(
@@ -232,11 +233,12 @@ class SentencePairTask(Task):
         from targetlm.data.parallel import ParallelSplit, encode_lines, read_parallel
 
         part = read_parallel(config.data, getattr(config.data, split), train=False)
+        tokenizer = vocab.require_tokenizer()
         return ParallelSplit(
             part.source_lines,
             part.target_lines,
-            encode_lines(vocab.tokenizer, vocab, part.source_lines),
-            encode_lines(vocab.tokenizer, vocab, part.target_lines),
+            encode_lines(tokenizer, vocab, part.source_lines),
+            encode_lines(tokenizer, vocab, part.target_lines),
         )
 
     def evaluate_run(
@@ -269,7 +271,10 @@ class TranslationTask(SentencePairTask):
         batch is new sentences), so the returned one is None."""
         if batch.source is None or batch.source_mask is None:
             raise ValueError("a translation batch needs its source and source_mask")
-        start = model.encoder.start(model.embed_source(batch.source), batch.source_mask)
+        encoder = model.encoder
+        if not isinstance(encoder, ConditionalEncoder):
+            raise ValueError(f"a {type(encoder).__name__} reads no source sentence")
+        start = encoder.start(model.embed_source(batch.source), batch.source_mask)
         prediction = model(batch.inputs, start, run_heads=run_heads)
         return Prediction(prediction.main, prediction.heads, None)
 

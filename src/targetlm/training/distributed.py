@@ -328,7 +328,7 @@ def load_sharded(step: nn.Module, optimizer: torch.optim.Optimizer, directory: A
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(step, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=directory)
     set_state_dict(
         step, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
@@ -358,7 +358,7 @@ def full_model_state(step: TrainingStep, processes: Processes) -> dict[str, torc
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = get_model_state_dict(model, options=options)
+    state: dict[str, Any] = get_model_state_dict(model, options=options)  # full: tensors
     if state:
         for alias, name in _aliases(model).items():
             state[alias] = state[name]

@@ -24,7 +24,7 @@ import torch
 from targetlm import runs  # a module reference: runs imports targetlm.training too
 from targetlm.checkpoint import CheckpointError
 from targetlm.data.tokenizers import TOKENIZERS
-from targetlm.data.vocab import Vocabulary
+from targetlm.data.vocab import Tokenizer, Vocabulary
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
 
@@ -47,7 +47,8 @@ def reuse_tokenizer(source: dict[str, Any], config: dict[str, Any], source_dir: 
             f"data.tokenizer: finetuning reads the new text with the source run's tokenizer "
             f"({kind!r}), not {data['tokenizer']!r}"
         )
-    file = TOKENIZERS.get(kind).file
+    entry = TOKENIZERS.get(kind)  # a Tokenizer class: its ``file`` is what a run keeps of it
+    file = entry.file if isinstance(entry, type) and issubclass(entry, Tokenizer) else None
     if file is not None:
         data["tokenizer_file"] = str(Path(source_dir) / file)
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from targetlm import builders, rundir, runs
@@ -224,7 +223,7 @@ class Trainer:
         self.device = (
             self.processes.device if self.processes.several else torch.device(c.train.device)
         )
-        self.task: Task = build_task(c)
+        self.task: Task[Any] = build_task(c)
         source = self._load_data()
         model = build_model(c.model, self.vocab.itos).to(self.device)
         if source is not None:
@@ -459,7 +458,7 @@ class Trainer:
             if older.name != weights.get("sharded"):  # last.pt no longer names it
                 shutil.rmtree(older)
 
-    def _cached_modules(self) -> list[tuple[str, nn.Module]]:
+    def _cached_modules(self) -> list[tuple[str, HasTrainingCache]]:
         """Modules with training-time state outside their state_dict (``training_cache()``)."""
         return [(n, m) for n, m in self.model.named_modules() if isinstance(m, HasTrainingCache)]
 
@@ -635,7 +634,7 @@ class Trainer:
             if not code:
                 raise
             path = Path(error.filename or self.run_dir)
-            reason = DiskFullError(code, path).strerror.replace(
+            reason = str(DiskFullError(code, path).strerror).replace(
                 "the device", rundir.device_of(path)
             )
             raise RunDirError(f"{reason} writing {path}; {self._kept()}") from None
@@ -777,7 +776,9 @@ class Trainer:
                     self.step_module, best.get("model", {}), self.processes
                 )
             with self.processes.whole(self.step_module):
-                results = {name: self._split_results(name) for name in ("valid", "test")}
+                results: dict[str, Any] = {
+                    name: self._split_results(name) for name in ("valid", "test")
+                }
         if not self.processes.is_main:
             return {"rank": self.processes.rank, "steps": self.step}
 
