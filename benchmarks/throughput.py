@@ -51,6 +51,7 @@ from targetlm.modules import build_model
 from targetlm.objectives import build_objective
 from targetlm.tasks import TASKS
 from targetlm.training.optim import build_optimizer
+from targetlm.training.step import TrainingStep
 from targetlm.training.trainer import Trainer
 
 VOCAB = 10_000
@@ -293,6 +294,11 @@ class TargetlmSide(Side):
             config.train, list(trainer.model.parameters()) + list(trainer.objective.parameters())
         )
         trainer.task = TASKS.build(config.task.kind, config.task.options, "task")
+        # the step's loss as one module (what torch's DDP would wrap), one process here
+        trainer.step_module = TrainingStep(trainer.task, trainer.model, trainer.objective)
+        trainer.trainable = trainer.processes.wrap(
+            trainer.step_module, find_unused_parameters=False
+        )
         trainer.epoch, trainer.step, trainer.state = 1, 0, None
         # the batches Trainer._setup would make from a training split
         stream = random_stream(spec, TRAIN_SEGMENTS, SEED)
