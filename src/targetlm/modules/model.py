@@ -26,7 +26,7 @@ from targetlm.modules.outputs import OUTPUT_LAYERS, OutputLayer
 from targetlm.registry import ConfigError
 
 if TYPE_CHECKING:
-    from targetlm.config import ModelConfig
+    from targetlm.config import ComponentConfig, ModelConfig
 
 
 @contextlib.contextmanager
@@ -199,14 +199,18 @@ def build_model(
         from targetlm.lexicon import load_lexicon
 
         lexicon = load_lexicon(words, *limits)
-    embedding = INPUT_EMBEDDINGS.build(
-        config.embedding.kind,
-        config.embedding.options,
-        "model.embedding",
-        vocab_size=vocab_size,
-        words=words,
-        lexicon=lexicon,
-    )
+
+    def input_embedding(component: ComponentConfig, where: str) -> nn.Module:
+        return INPUT_EMBEDDINGS.build(
+            component.kind,
+            component.options,
+            where,
+            vocab_size=vocab_size,
+            words=words,
+            lexicon=lexicon,
+        )
+
+    embedding = input_embedding(config.embedding, "model.embedding")
     encoder = ENCODERS.build(
         config.encoder.kind, config.encoder.options, "model.encoder", input_size=embedding.size
     )
@@ -223,14 +227,7 @@ def build_model(
     heads = build_heads(config.heads, embedding_dim=output.embedding_dim)
     source_embedding = None
     if config.source_embedding.kind != "none":
-        source_embedding = INPUT_EMBEDDINGS.build(
-            config.source_embedding.kind,
-            config.source_embedding.options,
-            "model.source_embedding",
-            vocab_size=vocab_size,
-            words=words,
-            lexicon=lexicon,
-        )
+        source_embedding = input_embedding(config.source_embedding, "model.source_embedding")
         if source_embedding.size != embedding.size:
             raise ConfigError(
                 f"model.source_embedding.size = {source_embedding.size}: the encoder reads "
