@@ -34,8 +34,10 @@ if [[ ! -f "$pretrained/results.json" ]]; then
     --set train.warmup_steps=$((steps / 2)) --set train.eval_every=500 \
     --set train.threads=1 --set train.progress=false
 fi
-# 10 % of the finetuning steps warm up: ceil(45,871 Brown training sentences / 16) a epoch
-warmup=$(((2867 * ft_epochs + 9) / 10))
+# 10 % of the finetuning steps warm up: FT_STEPS, or ceil(45,871 Brown training sentences / 16)
+# a epoch (the schedule runs over FT_STEPS when it caps the run)
+ft_budget=$((ft_steps > 0 ? ft_steps : 2867 * ft_epochs))
+warmup=$(((ft_budget + 9) / 10))
 if [[ ! -f "$finetuned/results.json" ]]; then
   if [[ -f "$finetuned/last.pt" ]]; then
     targetlm finetune "$pretrained" --run-dir "$finetuned" --resume \
