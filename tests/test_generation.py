@@ -158,11 +158,26 @@ def test_the_same_seed_gives_the_same_sample():
     assert [r.tokens for r in a.rows] != [r.tokens for r in c.rows]
 
 
-def test_a_batch_row_is_its_prompt_alone():
-    model = lm("lstm")
+@pytest.mark.parametrize("encoder", ["lstm", "transformer"])
+def test_a_batch_row_is_its_prompt_alone(encoder):
+    """The LSTM reads prompts of different lengths a column a step, the Transformer all at
+    once, then drops each row's padding (its rows keep their own lengths)."""
+    model = lm(encoder)
     batch = generate_batch(model, VOCAB, PROMPTS, max_tokens=12, temperature=0)
     for prompt, row in zip(PROMPTS, batch.rows):
         assert generate(model, VOCAB, prompt, 12, temperature=0) == row.tokens
+
+
+def test_prompts_of_different_lengths_are_read_in_one_forward(monkeypatch):
+    model = lm("transformer")
+    widths = []
+    forward = model.encoder.forward
+    monkeypatch.setattr(
+        model.encoder, "forward", lambda x, s=None: widths.append(x.shape[:2]) or forward(x, s)
+    )
+    generate_batch(model, VOCAB, PROMPTS, max_tokens=12, temperature=0)
+    longest = 1 + max(len(p) for p in PROMPTS)  # <eos> and the prompt
+    assert widths == [(3, longest)] + [(3, 1)] * 11  # then one token a step
 
 
 def test_top_k_and_top_p_restrict_the_support():

@@ -14,7 +14,7 @@ from conftest import ENCODER_OPTIONS, encoder_params, model_config
 from targetlm.config import ComponentConfig
 from targetlm.data import Vocabulary
 from targetlm.inference import drafters, speculative
-from targetlm.inference.generate import GenerationError, generate_batch
+from targetlm.inference.generate import GenerationError, generate, generate_batch
 from targetlm.modules import HEADS, CausalTransformer, build_model
 from targetlm.modules.heads import SimpleHeads
 from targetlm.objectives import build_objective
@@ -100,6 +100,45 @@ def test_ragged_rows_read_what_each_row_reads_alone(context):
                 re_read = True
             position = [p + 3 - d for p, d in zip(position, dropped)]
     assert re_read == (context == 10)  # only a slid window (no keys and values) is re-read
+
+
+@pytest.mark.parametrize("context", [12, 64])
+def test_hf_ragged_rows_read_what_each_row_reads_alone(context):
+    """The hf backbone's rows of their own lengths (holes in the model's KV cache, per-row
+    positions) continue as each row alone, through compaction and a sliding window (12)."""
+    transformers = pytest.importorskip("transformers")
+    from targetlm.modules.hf import HfEncoder
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=V,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    encoder = HfEncoder(transformers.LlamaModel(config), context).eval()
+    x = torch.randn(3, 40, 16)
+    counts = [[1, 0, 2], [0, 2, 1], [2, 2, 0], [0, 0, 0], [1, 2, 0], [2, 1, 1], [0, 1, 2]]
+    with torch.no_grad():
+        _, state = encoder(x[:, :4])
+        alone = [encoder(x[b : b + 1, :4])[1] for b in range(3)]
+        position = [4, 4, 4]
+        for dropped in counts:
+            segment = torch.stack([x[b, position[b] : position[b] + 3] for b in range(3)])
+            out, after = encoder(segment, state)
+            for b in range(3):
+                expected, read = encoder(segment[b : b + 1], alone[b])
+                torch.testing.assert_close(out[b], expected[0], atol=1e-5, rtol=1e-5)
+                alone[b] = encoder.rewind(read, dropped[b])
+            state = encoder.rewind_rows(after, torch.tensor(dropped))
+            assert state is not None
+            position = [p + 3 - d for p, d in zip(position, dropped)]
+    assert state.mask is not None and state.length <= context
+    if context == 64:  # no window slid: positions count from the first token
+        assert state.positions.tolist() == position
 
 
 # --- speculative = greedy -------------------------------------------------------------------
@@ -218,7 +257,7 @@ def test_each_row_keeps_its_own_accepted_length(encoder, monkeypatch):
     with torch.no_grad():
         prediction = model(torch.tensor(ids), run_heads=False)
         stats = speculative.speculative_decode(
-            model, *model.output(), prediction.main[:, -1], prediction.state, 3, rows, ids
+            model, *model.output(), prediction.main[:, -1], prediction.state, [3] * 4, rows, ids
         )
     assert rows.ids == [t[:max_tokens] for t in truth]
     assert rows.calls == expected
@@ -311,10 +350,14 @@ def hf_model():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_hf_backbone_speculation_equals_greedy(hf_model, kind):
-    """The hf cache has one length for all rows: the smallest accepted length; finished rows
-    still leave the batch. 50 tokens pass the window (48)."""
+    """Each row of the hf cache keeps its own accepted length (the rows' dropped tokens stay
+    as masked holes); finished rows leave the batch. 50 tokens pass the window (48)."""
     model = hf_model(kind)
+    assert speculative.per_row(model)
     greedy = generate_batch(model, VOCAB, PROMPTS, max_tokens=50, temperature=0)
+    if kind == KINDS[0]:  # prompts of different lengths read at once: each row as alone
+        for prompt, row in zip(PROMPTS, greedy.rows):
+            assert generate(model, VOCAB, prompt, 50, temperature=0) == row.tokens
     for drafter in ("heads", "both"):
         fast = generate_batch(model, VOCAB, PROMPTS, 50, temperature=0, speculative=drafter)
         assert tokens(fast) == tokens(greedy)

@@ -3,9 +3,12 @@
 Each prompt is read after a context ``<eos>`` (a sentence start), exactly as in training and
 evaluation, and every row is one stream with the encoder's carried state (the Transformer's
 KV cache in eval mode), so each new token costs one forward of one token. Prompts of
-different lengths need no padding: their common length is read in one forward, then every
-step reads one token per row, a prompt's own token while its prompt lasts (forced) and the
-chosen one after it, so each row is exactly its prompt followed by its continuation.
+different lengths are read in one forward, padded on the right, when the encoder's rows keep
+their own lengths (:class:`~targetlm.modules.interfaces.RaggedEncoder`: the Transformer, the hf
+backbone): each row then forgets its padding. Otherwise (the LSTM) their common length is
+read in one forward, then every step reads one token per row, a prompt's own token while its
+prompt lasts (forced) and the chosen one after it. Either way each row is exactly its prompt
+followed by its continuation.
 
 A next token is the argmax (temperature 0) or a sample of ``softmax(logits / temperature)``
 restricted to the ``top_k`` most likely tokens and then to the nucleus (Holtzman et al. 2020:
@@ -20,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,6 +32,7 @@ from targetlm.data.tokenizers import WhitespaceTokenizer
 from targetlm.data.vocab import Vocabulary
 from targetlm.inference.progress import progress_bar
 from targetlm.inference.speculative import DRAFTERS, speculative_decode
+from targetlm.modules.interfaces import RaggedEncoder
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
 
@@ -252,11 +257,19 @@ def generate_batch(
     lengths = torch.tensor([len(i) for i in ids], device=device)  # (B,)
     longest, common = max(len(i) for i in ids), min(len(i) for i in ids)
     padded = torch.tensor([i + [vocab.eos_id] * (longest - len(i)) for i in ids], device=device)
-    prediction = model(padded[:, :common], None, run_heads=False)
-    read = common  # tokens read per row (the next column)
     # the last columns' main x̂, for heads that attend over a window of columns while drafting
     window = model.heads.context if speculative and model.heads is not None else 1
-    history = prediction.main[:, -window:]
+    ragged = _read_prompts(model, padded, lengths, window)
+    if ragged is not None:  # every prompt read, each row at its own length
+        (last, state, history), read = ragged, longest
+    else:  # the prompts' common length, then a column a step (columns read: ``read``)
+        prediction = model(padded[:, :common], None, run_heads=False)
+        last, state, history = (
+            prediction.main[:, -1],
+            prediction.state,
+            prediction.main[:, -window:],
+        )
+        read = common
     stats = None
     with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens
         while not rows.finished:
@@ -269,9 +282,9 @@ def generate_batch(
                     model,
                     weight,
                     bias,
-                    prediction.main[:, -1],
-                    prediction.state,
-                    read,
+                    last,
+                    state,
+                    [len(t) for t in texts],
                     rows,
                     texts,
                     drafter,
@@ -279,7 +292,7 @@ def generate_batch(
                     history,
                 )
                 break
-            logits = functional.logits(prediction.main[:, -1], weight, bias)  # (B, V)
+            logits = functional.logits(last, weight, bias)  # (B, V)
             chosen = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
             for row, token in enumerate(chosen.tolist()):
                 if read >= len(ids[row]):
@@ -288,7 +301,8 @@ def generate_batch(
                 break
             if read < longest:  # rows still reading their prompt read its next token instead
                 chosen = torch.where(read < lengths, padded[:, read], chosen)
-            prediction = model(chosen[:, None], prediction.state, run_heads=False)
+            prediction = model(chosen[:, None], state, run_heads=False)
+            last, state = prediction.main[:, -1], prediction.state
             if window > 1:
                 history = torch.cat([history, prediction.main], 1)[:, -window:]
             read += 1
@@ -299,6 +313,29 @@ def generate_batch(
         None if stats is None else stats.acceptance,
         0 if stats is None else stats.steps,
     )
+
+
+def _read_prompts(
+    model: LanguageModel, padded: torch.Tensor, lengths: torch.Tensor, window: int
+) -> tuple[torch.Tensor, Any, torch.Tensor] | None:
+    """Prompts of different lengths (``padded`` (B, L) on the right, ``lengths`` (B,)) read in
+    one forward by an encoder whose rows keep their own lengths: every row then forgets its
+    padding. Returns each row's last x̂ (B, d), the state and the x̂ of each row's last
+    ``window`` columns (B, window, d; zeros before a row's first); None where the prompts
+    have one length or the encoder cannot."""
+    longest = padded.size(1)
+    if bool((lengths == longest).all()) or not isinstance(model.encoder, RaggedEncoder):
+        return None
+    prediction = model(padded, None, run_heads=False)
+    state = model.encoder.rewind_rows(prediction.state, longest - lengths)
+    if state is None:
+        return None
+    columns = lengths[:, None] - window + torch.arange(window, device=padded.device)  # (B, w)
+    history = prediction.main.gather(
+        1, columns.clamp(min=0)[..., None].expand(-1, -1, prediction.main.size(2))
+    )
+    history = history.masked_fill((columns < 0)[..., None], 0.0)
+    return history[:, -1], state, history
 
 
 def generate(

@@ -24,13 +24,14 @@ the others by :func:`draft` at column t. Every emitted token is the one greedy d
 row's output is greedy decoding's.
 
 Each row keeps its own accepted length j: the encoder's state is rewound per row
-(:class:`~targetlm.modules.interfaces.RaggedEncoder`: the Transformer's ragged KV cache, rows at
-their own positions), or, for an encoder that cannot rewind (the LSTM), the rows that kept
-the same number of tokens re-read them from the saved state before the verification (one short
+(:class:`~targetlm.modules.interfaces.RaggedEncoder`: the Transformer's ragged KV cache, or
+the hf backbone's cache with each row's dropped tokens left as masked holes; rows at their
+own positions), or, for an encoder that cannot rewind (the LSTM), the rows that kept the same
+number of tokens re-read them from the saved state before the verification (one short
 forward per distinct length; :class:`~targetlm.modules.interfaces.RowConcatenableEncoder`
 puts the groups back together). An encoder that can do neither advances all rows by the
-smallest accepted length among them: the hf backbone, whose model-owned KV cache has one
-length for all rows. Rows that finish leave the batch (their state rows are dropped).
+smallest accepted length among them. Rows that finish leave the batch (their state rows are
+dropped).
 
 While a draft would not fit into the encoder's ``max_context`` together with every row's
 stream read so far (reading k + 1 tokens at once gives each the context it gets token by
@@ -212,7 +213,7 @@ def speculative_decode(
     bias: torch.Tensor | None,
     predicted: torch.Tensor,
     state,
-    read: int,
+    read: Sequence[int],
     rows: Rows,
     texts: Sequence[Sequence[int]],
     drafter: Drafter = "heads",
@@ -220,7 +221,8 @@ def speculative_decode(
     history: torch.Tensor | None = None,
 ) -> SpeculativeStats:
     """Generate until every row of ``rows`` is done, from the main x̂ ``predicted`` (B, d) at
-    the last column every row read (``read`` tokens each, their ids ``texts``) and ``state``.
+    the last column each row read (``read[b]`` tokens in row b, their ids ``texts``) and
+    ``state``.
 
     drafter: ``heads`` (the N-gram heads), ``lookup`` (prompt lookup) or ``both`` (lookup
     where the row's text has a match, the heads elsewhere). draft_tokens: drafted tokens per
@@ -241,7 +243,7 @@ def speculative_decode(
     context = encoder.max_context
     abilities = Abilities(encoder)
     alive = list(range(predicted.size(0)))  # the generating rows, as rows of the batch
-    lengths = [read] * len(alive)  # tokens read per row
+    lengths = list(read)  # tokens read per row
     first = functional.logits(predicted[:, None], weight, bias)[:, 0].argmax(-1)  # (B,) d_0
     # heads over columns draft incrementally (their own keys/values): from the last ≤ context
     # columns' x̂ and the words y read after all but the last

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from targetlm.modules.encoders import Encoder
@@ -57,14 +58,22 @@ class HfEmbedding(nn.Module):
 
 @dataclass
 class HfState:
-    """The carried state of :class:`HfEncoder`: the model's KV cache of the ``length`` tokens
-    read so far in the window, and their inputs (B, ≤ max_context − 1, d, detached), from
-    which the window is re-read when it slides. The cache is updated in place by the next
-    read, so a state continues one stream once (as every caller reads it)."""
+    """The carried state of :class:`HfEncoder`: the model's KV cache of the ``length`` columns
+    read so far in the window, and their inputs (B, length, d, detached), from which the
+    window is re-read when it slides. The cache is updated in place by the next read, so a
+    state continues one stream once (as every caller reads it).
+
+    Rows of their own lengths (after :meth:`HfEncoder.rewind_rows`, e.g. speculative decoding
+    or prompts of different lengths): ``mask`` (B, length) says which cached columns each row
+    reads (a row's dropped tokens stay in the cache as masked holes) and ``positions`` (B,)
+    each row's next position. None for both: every row reads every column (one length).
+    """
 
     cache: Any
     inputs: torch.Tensor
     length: int
+    mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
 
 class HfEncoder(Encoder):
@@ -97,6 +106,8 @@ class HfEncoder(Encoder):
         segment = x.size(1)
         if segment > self.max_context:
             raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
+        if state is not None and state.mask is not None:
+            return self._forward_ragged(x, state)
         cache, past = (None, 0) if state is None else (state.cache, state.length)
         inputs = x if state is None else torch.cat([state.inputs, x.detach()], 1)
         if past + segment > self.max_context or (past and not self.kv_cache):
@@ -114,11 +125,81 @@ class HfEncoder(Encoder):
         hidden = out.last_hidden_state[:, -segment:]
         if not use_cache:
             return hidden, None
-        window = (
-            inputs[:, -(self.max_context - 1) :].detach() if self.max_context > 1 else inputs[:, :0]
-        )
+        window = inputs[:, -self.max_context :].detach()
         new_cache = out.cache if self._cache_keyword == "cache" else out.past_key_values
         return hidden, HfState(new_cache, window, past + x.size(1))
+
+    def _forward_ragged(self, x: torch.Tensor, state: HfState):
+        """Read ``x`` (B, T, d) after rows of their own lengths: each row attends to its own
+        cached columns (``state.mask``) and the new ones, at its own positions."""
+        assert state.mask is not None and state.positions is not None
+        segment = x.size(1)
+        if state.length + segment > self.max_context or not self.kv_cache:
+            state = self._compact(state)  # the holes go first
+        if state.length + segment > self.max_context or not self.kv_cache:
+            return self._reread(x, state)
+        assert state.mask is not None and state.positions is not None
+        new = torch.ones(x.size(0), segment, dtype=torch.bool, device=x.device)
+        mask = torch.cat([state.mask, new], 1)
+        positions = state.positions[:, None] + torch.arange(segment, device=x.device)
+        out = self.body(
+            inputs_embeds=x,
+            position_ids=positions,
+            attention_mask=mask.long(),
+            use_cache=True,
+            **{self._cache_keyword: state.cache},
+        )
+        cache = out.cache if self._cache_keyword == "cache" else out.past_key_values
+        inputs = torch.cat([state.inputs, x.detach()], 1)
+        return out.last_hidden_state, HfState(
+            cache, inputs, state.length + segment, mask, positions[:, -1] + 1
+        )
+
+    def _compact(self, state: HfState) -> HfState:
+        """``state`` without the columns no row reads: each row's columns moved to the front,
+        in order, the shorter rows' ends masked (the keys carry their positions already)."""
+        assert state.mask is not None
+        counts = state.mask.sum(1)  # (B,)
+        width = int(counts.max())
+        if width == state.length:
+            return state
+        # each row's read columns first (a stable sort of the masked-out ones to the back)
+        order = torch.argsort((~state.mask).to(torch.uint8), dim=1, stable=True)[:, :width]
+        for layer in state.cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.size(1), -1, layer.keys.size(3))
+            layer.keys = layer.keys.gather(2, index)
+            layer.values = layer.values.gather(2, index)
+        inputs = state.inputs.gather(1, order[..., None].expand(-1, -1, state.inputs.size(2)))
+        mask = torch.arange(width, device=counts.device) < counts[:, None]
+        return HfState(state.cache, inputs, width, mask, state.positions)
+
+    def _reread(self, x: torch.Tensor, state: HfState):
+        """The sliding window of rows of their own lengths: each row's last ``max_context − T``
+        tokens (of those it reads) read again from position 0, the shorter rows' ends masked."""
+        assert state.mask is not None
+        segment = x.size(1)
+        keep = self.max_context - segment
+        rows = [state.inputs[b, state.mask[b]][-keep:] if keep else x[b, :0] for b in range(len(x))]
+        width = max(len(r) for r in rows)
+        history = torch.stack([F.pad(r, (0, 0, 0, width - len(r))) for r in rows])
+        counts = torch.tensor([len(r) for r in rows], device=x.device)
+        columns = torch.arange(width, device=x.device)
+        mask = torch.cat([columns < counts[:, None], x.new_ones(x.shape[:2], dtype=torch.bool)], 1)
+        after = counts[:, None] + torch.arange(segment, device=x.device)
+        positions = torch.cat(
+            [torch.minimum(columns, counts[:, None] - 1).clamp(min=0).expand(len(x), -1), after], 1
+        )
+        inputs = torch.cat([history, x.detach()], 1)
+        out = self.body(
+            inputs_embeds=inputs,
+            position_ids=positions,
+            attention_mask=mask.long(),
+            use_cache=True,
+            **{self._cache_keyword: None},
+        )
+        cache = out.cache if self._cache_keyword == "cache" else out.past_key_values
+        hidden = out.last_hidden_state[:, -segment:]
+        return hidden, HfState(cache, inputs, inputs.size(1), mask, after[:, -1] + 1)
 
     def rewind(self, state: HfState, n: int) -> HfState | None:
         """The state as if the last ``n`` tokens had not been read (the cache cropped in place).
@@ -129,23 +210,62 @@ class HfEncoder(Encoder):
         """
         if n <= 0:
             return state
+        if state.mask is not None:
+            counts = torch.full((state.inputs.size(0),), n, device=state.inputs.device)
+            return self.rewind_rows(state, counts)
         if n > state.length:
             raise ValueError(f"cannot rewind {n} tokens of a window of {state.length}")
+        self._check_croppable(state)
+        state.cache.crop(-n)  # transformers >= 5: a negative count removes tokens
+        return HfState(state.cache, state.inputs[:, : state.length - n], state.length - n)
+
+    def rewind_rows(self, state: HfState | None, counts: torch.Tensor) -> HfState | None:
+        """The state as if row b had not read its last ``counts[b]`` tokens ((B,) long), or
+        None where a row would keep none. The tokens all rows drop are cropped from the
+        cache; the others stay in it as holes that their row no longer reads."""
+        if state is None:
+            return None
+        counts = counts.to(device=state.inputs.device, dtype=torch.long)
+        if state.mask is None:
+            if bool((counts == counts[0]).all()):
+                return self.rewind(state, int(counts[0])) if int(counts[0]) < state.length else None
+            ones = torch.ones(state.inputs.shape[:2], dtype=torch.bool, device=counts.device)
+            state = HfState(
+                state.cache, state.inputs, state.length, ones, torch.full_like(counts, state.length)
+            )
+        assert state.mask is not None and state.positions is not None
+        positions = state.positions - counts
+        if bool((positions < 1).any()):
+            return None
+        self._check_croppable(state)
+        common = int(counts.min())  # the last columns no row reads any more
+        if common:
+            state.cache.crop(-common)
+        width = state.length - common
+        mask = state.mask[:, :width].clone()
+        # a row's last counts[b] − common read columns: those with at most that many after them
+        after = mask.flip(1).cumsum(1).flip(1)  # read columns from each column to the end
+        mask &= after > (counts - common)[:, None]
+        return HfState(state.cache, state.inputs[:, :width], width, mask, positions)
+
+    @staticmethod
+    def _check_croppable(state: HfState) -> None:
         if any(getattr(state.cache, "is_sliding", ())):
             raise ValueError("a KV cache with sliding-window layers cannot be rewound")
-        state.cache.crop(-n)  # transformers >= 5: a negative count removes tokens
-        inputs = state.inputs[:, : max(state.inputs.size(1) - n, 0)]
-        return HfState(state.cache, inputs, state.length - n)
 
     def select_rows(self, state: HfState | None, rows: torch.Tensor) -> HfState | None:
         """The state of batch rows ``rows`` (B',) only, in that order (the cache is the
-        model's own object: selected in place, so ``state`` is used up). Every row keeps the
-        same length: the model's cache has one length for all rows, so speculative decoding
-        advances an hf backbone's rows by the smallest accepted length among them."""
+        model's own object: selected in place, so ``state`` is used up)."""
         if state is None:
             return None
         state.cache.batch_select_indices(rows)
-        return HfState(state.cache, state.inputs[rows], state.length)
+        return HfState(
+            state.cache,
+            state.inputs[rows],
+            state.length,
+            None if state.mask is None else state.mask[rows],
+            None if state.positions is None else state.positions[rows],
+        )
 
 
 class HfOutput(OutputLayer):
