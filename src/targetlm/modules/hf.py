@@ -142,18 +142,22 @@ class HfEncoder(Encoder):
         new = torch.ones(x.size(0), segment, dtype=torch.bool, device=x.device)
         mask = torch.cat([state.mask, new], 1)
         positions = state.positions[:, None] + torch.arange(segment, device=x.device)
+        hidden, cache = self._read_masked(x, positions, mask, state.cache)
+        inputs = torch.cat([state.inputs, x.detach()], 1)
+        return hidden, HfState(cache, inputs, state.length + segment, mask, positions[:, -1] + 1)
+
+    def _read_masked(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache):
+        """The body over ``x`` (B, T, d) at ``positions`` (B, T), each row attending to the
+        columns ``mask`` (B, cached + T) marks, after ``cache``: (hidden, the updated cache)."""
         out = self.body(
             inputs_embeds=x,
             position_ids=positions,
             attention_mask=mask.long(),
             use_cache=True,
-            **{self._cache_keyword: state.cache},
+            **{self._cache_keyword: cache},
         )
         cache = out.cache if self._cache_keyword == "cache" else out.past_key_values
-        inputs = torch.cat([state.inputs, x.detach()], 1)
-        return out.last_hidden_state, HfState(
-            cache, inputs, state.length + segment, mask, positions[:, -1] + 1
-        )
+        return out.last_hidden_state, cache
 
     def _compact(self, state: HfState) -> HfState:
         """``state`` without the columns no row reads: each row's columns moved to the front,
@@ -190,15 +194,8 @@ class HfEncoder(Encoder):
             [torch.minimum(columns, counts[:, None] - 1).clamp(min=0).expand(len(x), -1), after], 1
         )
         inputs = torch.cat([history, x.detach()], 1)
-        out = self.body(
-            inputs_embeds=inputs,
-            position_ids=positions,
-            attention_mask=mask.long(),
-            use_cache=True,
-            **{self._cache_keyword: None},
-        )
-        cache = out.cache if self._cache_keyword == "cache" else out.past_key_values
-        hidden = out.last_hidden_state[:, -segment:]
+        hidden, cache = self._read_masked(inputs, positions, mask, None)
+        hidden = hidden[:, -segment:]
         return hidden, HfState(cache, inputs, inputs.size(1), mask, after[:, -1] + 1)
 
     def rewind(self, state: HfState, n: int) -> HfState | None:
