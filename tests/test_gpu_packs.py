@@ -55,10 +55,12 @@ esac
 """
 
 
-def run_pack(tmp_path: Path, pack: str, env: dict[str, str] | None = None, args=None):
+def run_pack(
+    tmp_path: Path, pack: str, env: dict[str, str] | None = None, args=None, stand_in=STAND_IN
+):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "targetlm").write_text(STAND_IN)
+    (bin_dir / "targetlm").write_text(stand_in)
     (bin_dir / "targetlm").chmod(0o755)
     data = tmp_path / "data" / "multi30k"
     data.mkdir(parents=True, exist_ok=True)
@@ -168,6 +170,44 @@ def test_the_tt_rf_pack_runs_the_reformer_where_its_package_is_and_says_so_where
     assert lambdas == {n for n in expected if "-base-" not in n}
     grid = {c[c.index("--ensemble-lambda") + 1] for c in calls if "--ensemble-lambda" in c}
     assert grid == {"0,0.1,0.2,0.3,0.4,0.5,0.6"}
+
+
+# a probe run logs a training line a second until the pack stops it: 4 steps a second, the AL
+# runs 2 (slower); the real runs are the plain stand-in's
+PROBING_STAND_IN = STAND_IN.replace(
+    "case $1 in",
+    r"""dir=$(printf '%s\n' "$@" | grep -A1 -x -- --run-dir | tail -n 1)
+if [[ $1 == train && $dir == */probe/* ]]; then
+  mkdir -p "$dir"
+  step=0 inc=4
+  [[ $dir == */al-s* ]] && inc=2
+  while :; do
+    step=$((step + inc))
+    echo "{\"kind\": \"train\", \"step\": $step}" >> "$dir/metrics.jsonl"
+    sleep 1
+  done
+fi
+case $1 in""",
+)
+
+
+@pytest.mark.slow  # the probe takes 12 s of wall time
+def test_the_probe_gives_every_arm_the_slowest_runs_budget(tmp_path):
+    env = {"SMOKE": "0", "DEVICE": "cpu", "PROBE_S": "5", "BUDGET_MIN": "2", "EVAL_RESERVE_S": "10"}
+    completed, calls, out = run_pack(tmp_path, "inan_table1", env=env, stand_in=PROBING_STAND_IN)
+    assert completed.returncode == 0, completed.stderr
+    plan = [line.split("\t") for line in (out / "plan.tsv").read_text().splitlines()[1:]]
+    rates = {name: float(rate) for name, rate, _ in plan}
+    assert rates["al-s1"] < min(r for n, r in rates.items() if n != "al-s1"), rates
+    caps = {int(cap) for _, _, cap in plan}
+    assert len(caps) == 1, plan
+    (cap,) = caps
+    assert 1 <= cap <= rates["al-s1"] * 120 * 0.85
+    trains = [c for c in calls if c[0] == "train" and "/probe/" not in c[c.index("--run-dir") + 1]]
+    assert len(trains) == len(plan)
+    for call in trains:
+        assert f"train.max_steps={cap}" in call, call
+    assert not (out / "probe").exists(), "the probes' directories are deleted"
 
 
 def test_a_pack_without_an_output_directory_says_how_to_call_it(tmp_path):

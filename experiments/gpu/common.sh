@@ -5,11 +5,18 @@
 # every run side by side with its real settings and reads each run's metrics.jsonl (a training
 # line every 10 steps) for PROBE_S seconds (default 60) after all of them have logged once; that
 # gives each run's step rate with all the others beside it. The probes are then stopped and
-# their directories deleted, and each real run gets train.max_steps = its rate x the time left
-# (budget - time spent - EVAL_RESERVE_S for the final evaluation) x SAFETY (default 0.85: start-up
-# and the per-epoch validation, which the probe does not see). A run still stops earlier at its
-# preset's epochs or stopping rule; the cap is printed and kept in OUT_DIR/plan.tsv, so a second
-# call resumes the same plan (runs with a last.pt continue with --resume, finished ones are kept).
+# their directories deleted, and every real run gets the same train.max_steps (the same budget
+# for every arm): the slowest run's rate x the time left (budget - time spent - EVAL_RESERVE_S for
+# the final evaluation) x SAFETY (default 0.85: start-up and the per-epoch validation, which the
+# probe does not see). A run still stops earlier at its preset's epochs or stopping rule; the cap
+# is printed and kept in OUT_DIR/plan.tsv, so a second call resumes the same plan (runs with a
+# last.pt continue with --resume, finished ones are kept). A run that stops at the cap inside an
+# epoch is evaluated at its best validated checkpoint (presets validate once per epoch).
+#
+# The runs are separate processes on one GPU: without NVIDIA's Multi-Process Service their
+# kernels take turns, time-sliced (12 Inan LSTMs side by side ran at 11 steps/s each, about half
+# of one alone). gpu_init starts the MPS daemon where nvidia-cuda-mps-control exists (MPS=0: not),
+# and the same 12 then ran each at the rate of one alone (15.2k tokens/s on an H200).
 #
 # SMOKE=1: the wiring only, on the CPU: no probe, train.max_steps=1, a tiny slice of every split
 # (SMOKE_SETS, set by each pack), evaluation on the same slices.
@@ -42,6 +49,14 @@ gpu_init() {
   export OMP_NUM_THREADS=1
   # stopped (Ctrl-C, a time limit): stop the runs this pack started too
   trap 'kill $(jobs -p) 2> /dev/null; exit 130' INT TERM
+  if [[ $DEVICE == cuda* && ${MPS:-1} == 1 ]] && command -v nvidia-cuda-mps-control > /dev/null; then
+    if nvidia-cuda-mps-control -d 2> /dev/null; then
+      trap 'echo quit | nvidia-cuda-mps-control' EXIT
+      echo "$PACK: NVIDIA MPS started (the runs' kernels share the GPU instead of taking turns)"
+    else
+      echo "$PACK: NVIDIA MPS did not start (already running, or not allowed); runs are time-sliced"
+    fi
+  fi
   RUN_NAMES=() RUN_CONFIGS=() RUN_SETS=()
   echo "$PACK: records in $OUT_DIR/records; device $DEVICE; budget ${BUDGET_S}s$([[ $SMOKE == 1 ]] && echo ' (SMOKE: one step each)')"
 }
@@ -102,17 +117,23 @@ _probe() {  # sets STEPS[i] from each run's measured step rate
   rm -rf "$OUT_DIR/probe"
   local left=$((BUDGET_S - (SECONDS - START_S) - EVAL_RESERVE_S))
   [[ $left -gt 0 ]] || { echo "$PACK: no time left after the probe (BUDGET_MIN too small)" >&2; exit 1; }
-  printf 'name\tsteps_per_s\tmax_steps\n' > "$OUT_DIR/plan.tsv"
+  local rates=() cap
   for i in "${!RUN_NAMES[@]}"; do
     local dt=$((last_t[$i] - first_t[$i])) ds=$((last[$i] - first[$i]))
     # a run that logged once: its steps over the whole probe, start-up included (a lower bound)
     [[ $dt -gt 0 && $ds -gt 0 ]] || dt=$((last_t[$i] - launched)) ds=${last[$i]}
-    STEPS[$i]=$(awk -v s="$ds" -v t="$dt" -v l="$left" -v f="$SAFETY" 'BEGIN { printf "%d", s / t * l * f }')
-    [[ ${STEPS[$i]} -ge 1 ]] || STEPS[$i]=1
-    printf '%s\t%s\t%s\n' "${RUN_NAMES[$i]}" "$(awk -v s="$ds" -v t="$dt" 'BEGIN { printf "%.2f", s / t }')" \
-      "${STEPS[$i]}" >> "$OUT_DIR/plan.tsv"
-    echo "$PACK: ${RUN_NAMES[$i]}: $(tail -n 1 "$OUT_DIR/plan.tsv" | cut -f2) steps/s beside the others -> train.max_steps=${STEPS[$i]} (${left}s left x $SAFETY)"
+    rates[$i]=$(awk -v s="$ds" -v t="$dt" 'BEGIN { printf "%.2f", s / t }')
   done
+  # the same budget for every arm: the slowest run's steps in the time left
+  cap=$(printf '%s\n' "${rates[@]}" | sort -g | head -n 1 \
+    | awk -v l="$left" -v f="$SAFETY" '{ c = int($1 * l * f); print (c < 1 ? 1 : c) }')
+  printf 'name\tsteps_per_s\tmax_steps\n' > "$OUT_DIR/plan.tsv"
+  for i in "${!RUN_NAMES[@]}"; do
+    STEPS[$i]=$cap
+    printf '%s\t%s\t%s\n' "${RUN_NAMES[$i]}" "${rates[$i]}" "$cap" >> "$OUT_DIR/plan.tsv"
+    echo "$PACK: ${RUN_NAMES[$i]}: ${rates[$i]} steps/s beside the others"
+  done
+  echo "$PACK: every run: train.max_steps=$cap (the slowest rate x ${left}s left x $SAFETY)"
 }
 
 # plan_and_train: size every run (SMOKE: 1 step; a previous plan.tsv: its caps) and train all
