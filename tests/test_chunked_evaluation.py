@@ -118,3 +118,25 @@ def test_every_composition_chunked_equals_the_direct_computation(
         expected = _direct(model, vocab, tokens, switches, batch_size=2)
     for scores, direct in zip(got, expected, strict=True):
         torch.testing.assert_close(scores.log_probs, direct, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_reused_logit_buffers_give_cross_entropys_sum_on_segments_of_any_size(with_bias):
+    # the fast path of perplexity: one buffer pair for every segment, a larger one first,
+    # then a shorter one (the stream's last) and one with padded targets
+    torch.manual_seed(0)
+    weight = torch.randn(50, 8)
+    bias = torch.randn(50) if with_bias else None
+    buffers = evaluate_module._LogitBuffers()
+    for rows, cols in ((4, 6), (3, 2), (4, 6)):
+        vectors = torch.randn(rows, cols, 8)
+        targets = torch.randint(0, 50, (rows, cols))
+        targets[0, :1] = IGNORE
+        logits = vectors @ weight.T + (bias if bias is not None else 0)
+        expected = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 50), targets.reshape(-1), ignore_index=IGNORE, reduction="sum"
+        )
+        assert buffers.nll_sum(vectors, weight, bias, targets) == pytest.approx(
+            float(expected), rel=1e-6
+        )
+    assert buffers.logits.shape == (24, 50), "the first, larger buffer is kept"
