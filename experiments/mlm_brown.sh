@@ -13,8 +13,11 @@
 # perplexity under fixed masks; the best checkpoint is kept and finetuned).
 # Finetuning: the GLUE recipe of the changes file (AdamW 4e-5, batches of 16, encoder dropout
 # 0.1, warm-up over the first 10 % of the steps) for FT_EPOCHS epochs (default 2; the recipe
-# says 5), the model of the lowest validation loss kept. FT_STEPS (default 0: no cap) caps the
-# finetuning's optimiser steps (a smoke test).
+# says 5), the model of the lowest validation loss kept. FT_LR (default the recipe's 4e-5) is the
+# finetuning's peak rate: chosen on Brown valid for the base arm (lrprobe below), then the same
+# for every arm. FT_STEPS (default 0: no cap) caps the finetuning's optimiser steps (a smoke test).
+#   LRPROBE=1 bash experiments/mlm_brown.sh base 1: after pretraining, 800 finetuning steps (warm-up
+#   80) at each of 4e-5, 2e-4 and 1e-3 into RUNS/base-s1-lrprobe-LR, and no other finetuning.
 set -euo pipefail
 method=${1:?method (base or wdr-n2)}
 seed=${2:?seed}
@@ -22,6 +25,7 @@ root=${RUNS:-runs/mlm-brown}
 steps=${STEPS:-2000}
 ft_epochs=${FT_EPOCHS:-2}
 ft_steps=${FT_STEPS:-0}
+ft_lr=${FT_LR:-0.00004}
 pretrained="$root/$method-s$seed"
 finetuned="$root/$method-s$seed-brown"
 if [[ ! -f "$pretrained/results.json" ]]; then
@@ -33,6 +37,16 @@ if [[ ! -f "$pretrained/results.json" ]]; then
     --set data.batch_size=32 --set train.max_steps="$steps" \
     --set train.warmup_steps=$((steps / 2)) --set train.eval_every=500 \
     --set train.threads=1 --set train.progress=false
+fi
+if [[ ${LRPROBE:-0} == 1 ]]; then
+  for lr in 0.00004 0.0002 0.001; do
+    [[ -f "$pretrained-lrprobe-$lr/results.json" ]] && continue
+    targetlm finetune "$pretrained" --run-dir "$pretrained-lrprobe-$lr" \
+      --changes configs/finetune/mlm-brown-genre.toml --set train.seed="$seed" \
+      --set train.epochs=1 --set train.max_steps=800 --set train.warmup_steps=80 \
+      --set train.lr="$lr" --set train.threads=1 --set train.progress=false
+  done
+  exit 0
 fi
 # 10 % of the finetuning steps warm up: FT_STEPS, or ceil(45,871 Brown training sentences / 16)
 # a epoch (the schedule runs over FT_STEPS when it caps the run)
@@ -46,6 +60,7 @@ if [[ ! -f "$finetuned/results.json" ]]; then
     targetlm finetune "$pretrained" --run-dir "$finetuned" \
       --changes configs/finetune/mlm-brown-genre.toml \
       --set train.seed="$seed" --set train.epochs="$ft_epochs" --set train.max_steps="$ft_steps" \
-      --set train.warmup_steps="$warmup" --set train.threads=1 --set train.progress=false
+      --set train.warmup_steps="$warmup" --set train.lr="$ft_lr" \
+      --set train.threads=1 --set train.progress=false
   fi
 fi
