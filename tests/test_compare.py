@@ -143,6 +143,26 @@ def test_translation_lambda_chosen_by_the_highest_valid_bleu(tmp_path):
     assert row.test.values == [24.5] and row.test_alone.values == [21.0]
 
 
+def test_a_classifiers_accuracy_and_macro_f1_higher_is_better_with_four_digits(tmp_path, capsys):
+    def classifier(valid: float, test: float) -> dict:
+        return {
+            split: {"accuracy": a, "macro_f1": a / 2, "ppl": 9.0, "examples": 100}
+            for split, a in (("valid", valid), ("test", test))
+        }
+
+    for seed, acc in ((1, 0.2408), (2, 0.2512)):
+        make_run(tmp_path, f"wdr-s{seed}", seed=seed, results=classifier(acc - 0.01, acc))
+    make_run(tmp_path, "base-s1", seed=1, results=classifier(0.23, 0.2400))
+    make_run(tmp_path, "base-s2", seed=2, results=classifier(0.23, 0.2300))
+    base, wdr = rows_of(tmp_path, metric="accuracy", baseline="base")
+    assert wdr.test.values == [0.2408, 0.2512]
+    assert wdr.difference.delta == pytest.approx((0.2408 + 0.2512 - 0.24 - 0.23) / 2)
+    status, out, _ = run_cli(capsys, str(tmp_path), "--metric", "macro_f1", "--baseline", "base")
+    assert status == 0
+    assert "| valid macro_f1 | test macro_f1 |" in out
+    assert "0.1230 ± 0.0037" in out  # (0.1204, 0.1256): four digits, not 0.12 ± 0.00
+
+
 def test_student_t_quantile_matches_the_table():
     for df, expected in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
         assert compare.student_t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)

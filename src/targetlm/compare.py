@@ -45,8 +45,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-METRICS = ("ppl", "bleu", "chrf")
-LOWER_IS_BETTER = {"ppl": True, "bleu": False, "chrf": False}
+METRICS = ("ppl", "bleu", "chrf", "accuracy", "macro_f1")  # the last two: classification
+LOWER_IS_BETTER = {"ppl": True, "bleu": False, "chrf": False, "accuracy": False, "macro_f1": False}
+DIGITS = {"accuracy": 4, "macro_f1": 4}  # fractions: 2 digits would hide the differences
 DEFAULT_DECODING = ""  # the figures of the run's own decoding (results.json, eval-*.json)
 # configuration keys that never change what a run computes: left out of the grouping key
 IGNORED_KEYS = frozenset(
@@ -537,7 +538,8 @@ def build_rows(
 
     Args:
         groups: from :func:`group_runs`.
-        metric: "ppl" (lower is better), "bleu" or "chrf".
+        metric: "ppl" (lower is better), "bleu", "chrf", or a classifier's "accuracy" or
+            "macro_f1" (results.json's valid and test figures).
         lambda_on: "valid": each run's λ is the best of its valid figures (λ 0 included), then
             read at that λ on test.
         fixed_lambda: read every run that has a head ensemble at this λ.
@@ -697,6 +699,7 @@ def _table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """Header and cells shared by markdown and csv."""
     show = _columns(rows)
     metric = rows[0].metric if rows else "ppl"
+    digits = DIGITS.get(metric, 2)
     header = ["group"] + (["decoding"] if show["decoding"] else [])
     header += ["n", "params", "epochs (best/last)", f"valid {metric}", f"test {metric}"]
     if show["lambda"]:
@@ -713,14 +716,14 @@ def _table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
             str(row.test.n),
             _range([run.params for run in row.group.runs]),
             _epochs_text(row.group),
-            row.valid.text() if row.valid else "–",
-            row.test_alone.text(),
+            row.valid.text(digits) if row.valid else "–",
+            row.test_alone.text(digits),
         ]
         if show["lambda"]:
-            line += [_lambda_text(row.lambdas), row.test.text()]
+            line += [_lambda_text(row.lambdas), row.test.text(digits)]
         line.append(
             ", ".join(
-                f"s{seed}: {value:.2f}" if seed is not None else f"{value:.2f}"
+                f"s{seed}: {value:.{digits}f}" if seed is not None else f"{value:.{digits}f}"
                 for seed, value in zip(row.seeds, row.test.values)
             )
         )
@@ -728,7 +731,7 @@ def _table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
             if row.baseline == row.group.name:
                 line.append("baseline")
             else:
-                line.append(row.difference.text() if row.difference else "–")
+                line.append(row.difference.text(digits) if row.difference else "–")
         cells.append(line)
     return header, cells
 

@@ -20,7 +20,7 @@
     targetlm analyze word-probs RUN_DIR [RUN_DIR ...] [--words W,W,...] [--split test]
     targetlm analyze tsne RUN_DIR --out PNG [--levels 0,1,2] [--tokens M] [--split test]
     targetlm analyze freq-bins RUN_A RUN_B --out PNG [--split test] [--set ...] [--json] [scoring options]
-    targetlm compare [LABEL:]DIR... [--group-by preset|label] [--metric ppl|bleu|chrf]
+    targetlm compare [LABEL:]DIR... [--group-by preset|label] [--metric ppl|bleu|chrf|accuracy|macro_f1]
                      [--lambda-on valid | --lambda L] [--decoding NAME] [--baseline GROUP]
                      [--format md|csv|json] [--plot PNG]
 
