@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
-import pytest
-import torch
+# one thread, here and in the CLI processes the tests start: the tests' models are tiny, and on a
+# 2-core machine two threads spin against any other load (measured beside two training runs: the
+# default run 710 s with two threads, 500 s with one; one AL training test 45 s against 5 s)
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import targetlm.lexicon
 from targetlm import builders
@@ -11,7 +17,7 @@ from targetlm import config as config_lib
 from targetlm.config import ComponentConfig, ModelConfig
 from targetlm.lexicon import Lexicon
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1)
 
 # small options for every registered component, so contract tests cover each one;
 # a newly registered kind without an entry here fails tests/test_contract_coverage.py
