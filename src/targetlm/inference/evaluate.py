@@ -215,11 +215,11 @@ def _segment_nll(
     loss_impl: str,
     inspect: Inspector | None,
     exact_probs: bool,
-    buffers: _LogitBuffers | None = None,
+    buffers: _LogitBuffers,
 ) -> tuple[float, torch.Tensor | None]:
     """One stream's summed NLL over a segment (and its per-token log-probabilities when
     ``exact_probs``): the summed cross entropy, as in training, where nothing needs the
-    probabilities (in ``buffers``' logit and log-softmax buffers when given); else
+    probabilities (float32: in ``buffers``' logit and log-softmax buffers); else
     :func:`_stream_log_probs` (full or chunked logits)."""
     y = current.targets
     chunked = loss_impl == "chunked" or (
@@ -228,10 +228,8 @@ def _segment_nll(
         and auto_chunks(vectors.shape[:-1].numel(), weight.size(0))
     )
     fast = not exact_probs and not chunked
-    # in float32 only: cross_entropy computes lower precisions in float32
-    in_buffers = buffers is not None and vectors.dtype == weight.dtype == torch.float32
-    if fast and inspect is None and in_buffers:
-        assert buffers is not None
+    # float32 only: cross_entropy computes lower precisions in float32
+    if fast and inspect is None and vectors.dtype == weight.dtype == torch.float32:
         return buffers.nll_sum(vectors, weight, bias, y), None
     if fast:
         logits = functional.logits(vectors, weight, bias)  # (B, T, V_scored)
