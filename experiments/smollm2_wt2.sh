@@ -11,7 +11,10 @@
 # models fine-tune on the same batches); the first VALID/TEST fraction of the valid and test
 # splits. "before" evaluates the pretrained model as published (no training).
 # Each run: runs/smollm2/PRESET-sSEED/ with results.json (valid/test token-level ppl) and
-# eval-{valid,test}.json (token- and word-level ppl, and each λ of the head ensemble).
+# eval-{valid,test}.json (token- and word-level ppl, each λ of the head ensemble, and each
+# head's top-1 accuracy on the word it predicts). SET="key=value ..." adds --set overrides
+# (put such runs in their own RUNS=dir), e.g. identity-start heads:
+#   RUNS=runs/smollm2-identity HEADS_ONLY=300 SET="model.heads.residual=true" bash ... wdr 1
 # Table: targetlm compare runs/smollm2 --lambda-on valid --baseline base
 set -euo pipefail
 preset=$1 seed=$2
@@ -24,6 +27,8 @@ run=$root/$preset-s$seed
 config=configs/smollm2-wt2-${preset/before/base}.toml
 common=(--set data.bptt=$BPTT --set data.batch_size=$BATCH --set model.backbone.max_context=$BPTT
   --set "data.valid=\"valid[:$VALID]\"" --set "data.test=\"test[:$TEST]\"" --set eval.batch_size=$BATCH)
+extra=()
+for override in ${SET:-}; do extra+=(--set "$override"); done
 mkdir -p "$root"
 if [ "$preset" = before ]; then
   mkdir -p "$run"
@@ -40,9 +45,9 @@ if [ ! -f "$run/results.json" ]; then
   resume=(); [ -f "$run/last.pt" ] && resume=(--resume)
   targetlm train "$config" --run-dir "$run" "${resume[@]}" "${common[@]}" "${heads[@]}" \
     --set train.max_steps=$steps --set train.eval_every=$steps --set train.warmup_steps=$((JOINT / 10)) \
-    --set train.seed=$seed --set train.log_every=5 --set train.progress=false
+    --set train.seed=$seed --set train.log_every=5 --set train.progress=false "${extra[@]}"
 fi
-ensemble=(); [ "$preset" != base ] && ensemble=(--ensemble-lambda "$LAMBDAS")
+ensemble=(); [ "$preset" != base ] && ensemble=(--ensemble-lambda "$LAMBDAS" --head-top1)
 for split in valid test; do
   [ -f "$run/eval-$split.json" ] || targetlm eval "$run" --split $split "${ensemble[@]}" --json \
     > "$run/eval-$split.tmp" && mv "$run/eval-$split.tmp" "$run/eval-$split.json"

@@ -18,7 +18,7 @@ from targetlm import functional
 from targetlm.cli import main
 from targetlm.config import ComponentConfig
 from targetlm.data import StreamBatches
-from targetlm.inference import evaluate_ensemble, evaluate_stream
+from targetlm.inference import evaluate_ensemble, evaluate_stream, head_top1
 from targetlm.inference.ensemble import ensemble_predictions
 from targetlm.modules import HEADS, build_model
 from targetlm.modules.model import Prediction
@@ -386,6 +386,29 @@ def test_streaming_ensemble_equals_one_long_segment(encoder_kind, kind):
     assert math.isclose(nll.item(), whole["ensemble"][2]["nll"], rel_tol=1e-5)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_heads_top1_is_its_argmax_on_the_word_it_predicts(encoder_kind, kind):
+    """Head n's estimate of y_t is its output at column t − n (scored where that column
+    exists); streamed in short segments it counts what one long segment counts."""
+    model = _model(encoder_kind, "tied", kind, n=4)
+    ids = _ids(61)
+    split = head_top1(model, ids, 2, 3)
+    whole = head_top1(model, ids, 2, 30)
+    assert split == whole
+    inputs = torch.stack([ids[:30], ids[30:60]])
+    targets = torch.stack([ids[1:31], ids[31:61]])
+    weight, bias = model.output()
+    with torch.no_grad():
+        predicted, raw, _ = model(inputs)
+        heads = model.heads.reconstruct(raw, F.pad(weight[targets], (0, 0, 0, 1)))
+    hits = [F.linear(predicted, weight, bias).argmax(-1) == targets]
+    hits += [F.linear(heads[n - 1][:, : 30 - n], weight, bias).argmax(-1) == targets[:, n:]
+             for n in (1, 2, 3)]  # fmt: skip
+    assert [row["ahead"] for row in whole] == [1, 2, 3, 4]
+    assert [row["count"] for row in whole] == [60, 58, 56, 54]
+    assert [row["correct"] for row in whole] == [int(h.sum()) for h in hits]
+
+
 # --- end to end -------------------------------------------------------------------------
 def _train_losses(run_dir):
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -435,6 +458,13 @@ def test_cli_eval_with_ensemble_lambdas(tmp_path, capsys):
     assert "λ = 0.5" in capsys.readouterr().out
     assert main(["eval", str(tmp_path / "run"), "--ensemble-lambda", "1.5"]) == 2
     assert "[0, 1]" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "run"), "--head-top1", "--json"]) == 0
+    top1 = json.loads(capsys.readouterr().out)["head_top1"]
+    assert [row["ahead"] for row in top1] == [1, 2, 3]
+    assert top1[0]["count"] == out["tokens"] > top1[1]["count"] > top1[2]["count"]
+    assert all(0 <= row["top1"] <= 1 for row in top1)
+    assert main(["eval", str(tmp_path / "run"), "--head-top1"]) == 0
+    assert "head 3 (word t+3): top-1" in capsys.readouterr().out
 
     # t-SNE of the targets: needs the optional scikit-learn, else one clear error line
     png = tmp_path / "tsne.png"
@@ -452,6 +482,9 @@ def test_cli_eval_with_ensemble_lambdas(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "plain"), "--ensemble-lambda", "0.5"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "no N-gram heads" in err[0]
+    assert main(["eval", str(tmp_path / "plain"), "--head-top1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "--head-top1 needs a model with N-gram heads" in err[0]
 
 
 # --- gradient diversity -------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from targetlm.cli.common import (
@@ -77,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
                 {"lambda": lam, **per_word(s.summary(), words)}
                 for lam, s in zip(args.ensemble_lambda, streams)
             ]
+        if args.head_top1:
+            result["head_top1"] = _head_top1(model, vocab, config, tokens)
         if args.json:
             print(json.dumps(result))
         else:
             _print_summary(result)
-            for row in result.get("ensemble", []):
-                print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
+            _print_heads(result)
         return 0
     ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
     segment = config.eval.segment or config.data.bptt
@@ -113,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if context is not None:
         result["context"] = context
         result["min_context"] = context - segment + 1
+    if args.head_top1:
+        result["head_top1"] = _head_top1(model, vocab, config, tokens)
     if args.json:
         print(json.dumps(result))
     else:
@@ -122,9 +126,27 @@ def run(args: argparse.Namespace) -> int:
             + oov_text(result["oov_rate"])
             + _per_word_text(result)
         )
-        for row in result.get("ensemble", []):
-            print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
+        _print_heads(result)
     return 0
+
+
+def _head_top1(model, vocab, config, tokens: Sequence[str]) -> list[dict]:
+    """Each head's top-1 accuracy on the tokens (closed vocabulary: new words are ``<unk>``)."""
+    from targetlm.inference import head_top1
+
+    if model.heads is None:
+        raise ConfigError("--head-top1 needs a model with N-gram heads (model.heads.n >= 2)")
+    ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
+    segment = config.eval.segment or config.data.bptt
+    return head_top1(model, ids, config.eval.batch_size, segment, config.train.device)
+
+
+def _print_heads(result: dict) -> None:
+    for row in result.get("ensemble", []):
+        print(f"  head ensemble λ = {row['lambda']:g}: ppl {row['ppl']:.2f}")
+    for row in result.get("head_top1", []):
+        who = "main head" if row["ahead"] == 1 else f"head {row['ahead']}"
+        print(f"  {who} (word t+{row['ahead']}): top-1 {row['top1']:.4f} over {row['count']:,}")
 
 
 def _eval_pairs(args: argparse.Namespace, task: SentencePairTask, config, vocab, model) -> int:
@@ -199,6 +221,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="L,L,...",
         help="also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass; composes "
         "with --open-vocab and the caches, which then apply to every λ)",
+    )
+    p.add_argument(
+        "--head-top1",
+        action="store_true",
+        help="also each N-gram head's top-1 accuracy on the words it predicts (the main head's "
+        "on the next word, head n's on the word n ahead; a second pass)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_scoring_options(p)

@@ -7,7 +7,7 @@ ensemble's estimates.
 """
 
 from targetlm.inference.combiners import COMBINERS, CombinerError, Combiners, HeadEstimates
-from targetlm.inference.ensemble import evaluate_ensemble
+from targetlm.inference.ensemble import evaluate_ensemble, head_top1
 from targetlm.inference.evaluate import evaluate_ids, evaluate_stream
 from targetlm.inference.generate import generate
 
@@ -20,4 +20,5 @@ __all__ = [
     "evaluate_ids",
     "evaluate_stream",
     "generate",
+    "head_top1",
 ]

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 
 from targetlm import functional
+from targetlm.data.batching import IGNORE, stream_batches
 from targetlm.inference.combiners import (
     BuiltCombiners,
     CombinerError,
@@ -32,9 +33,9 @@ from targetlm.inference.combiners import (
     HeadEstimates,
 )
 from targetlm.inference.evaluate import evaluate_ids, perplexity
-from targetlm.modules.model import LanguageModel
+from targetlm.modules.model import LanguageModel, evaluating
 
-__all__ = ["HeadEstimates", "ensemble_predictions", "evaluate_ensemble"]
+__all__ = ["HeadEstimates", "ensemble_predictions", "evaluate_ensemble", "head_top1"]
 
 
 def evaluate_ensemble(
@@ -81,3 +82,47 @@ def ensemble_predictions(
     prediction = model(inputs)
     estimates, available = HeadEstimates(model.heads, weight)(prediction, targets)
     return functional.ensemble(prediction.main, estimates, lam, available)
+
+
+@torch.no_grad()
+def head_top1(
+    model: LanguageModel,
+    ids: torch.Tensor,
+    batch_size: int,
+    segment: int,
+    device: str = "cpu",
+) -> list[dict]:
+    """Each head's top-1 accuracy on a stream, read as :func:`evaluate_ensemble` reads it.
+
+    Row ``ahead = 1`` is the main head (argmax of x̂_t's logits against y_t); row ``ahead = n``
+    (2..N) is head n−1's estimate ê(t) of the word n−1 columns after the one it was computed
+    at, scored where that column exists (the ensemble's start-of-stream rule), so its count is
+    smaller. WDR estimates include the conjugate of the words already read, as in the ensemble.
+    Returns ``[{"ahead", "top1", "correct", "count"}, ...]``.
+    """
+    if model.heads is None:
+        raise CombinerError(
+            "per-head accuracy needs a model with N-gram heads (model.heads.n >= 2)"
+        )
+    weight, bias = model.output()
+    estimator = HeadEstimates(model.heads, weight)
+    correct = torch.zeros(model.heads.num_predictions, dtype=torch.long)
+    count = torch.zeros_like(correct)
+    with evaluating(model):
+        state = None
+        for batch in stream_batches(ids, batch_size, segment, train=False):
+            batch = batch.to(device)
+            y = batch.targets  # (B, T)
+            prediction = model(batch.inputs, state, run_heads=True)
+            state = prediction.state
+            estimates, available = estimator(prediction, y)  # (N−1, B, T, d), (N−1, T)
+            real = y != IGNORE
+            for n, vectors in enumerate([prediction.main, *estimates]):
+                scored = real if n == 0 else real & available[n - 1]
+                hit = functional.logits(vectors, weight, bias).argmax(-1) == y
+                correct[n] += int((hit & scored).sum())
+                count[n] += int(scored.sum())
+    return [
+        {"ahead": n + 1, "top1": c / k if k else None, "correct": c, "count": k}
+        for n, (c, k) in enumerate(zip(correct.tolist(), count.tolist()))
+    ]

@@ -43,7 +43,7 @@ from torch import nn
 from targetlm.data.datasets import BROWN_GENRES, candidate_dirs, read_lines
 from targetlm.data.glue import glue_task, read_glue_split
 from targetlm.data.vocab import EOS, DataError, Vocabulary
-from targetlm.modules.model import LanguageModel, Prediction
+from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.registry import ConfigError, Fraction, Size
 from targetlm.tasks.base import TASKS, Batch, Task, TaskData
 from targetlm.tasks.mlm import CLS
@@ -371,17 +371,15 @@ class SequenceClassificationTask(Task[SequenceClassifier]):
     ) -> dict[str, Any]:
         """``{"nll", "ppl", "examples", "accuracy", "macro_f1"[, "f1", "matthews"]}`` of
         ``model`` on ``batches`` (eval mode; the mode it was in is restored)."""
-        was_training = model.training
-        model.eval()
-        weight, bias = model.output()
-        total, predicted, gold = 0.0, [], []
-        for batch in batches:
-            batch = batch.to(device)
-            logits = F.linear(self.predict(model, batch).main[:, 0], weight, bias).float()
-            total += float(F.cross_entropy(logits, batch.targets[:, 0], reduction="sum"))
-            predicted.append(logits.argmax(-1).cpu())
-            gold.append(batch.targets[:, 0].cpu())
-        model.train(was_training)
+        with evaluating(model):
+            weight, bias = model.output()
+            total, predicted, gold = 0.0, [], []
+            for batch in batches:
+                batch = batch.to(device)
+                logits = F.linear(self.predict(model, batch).main[:, 0], weight, bias).float()
+                total += float(F.cross_entropy(logits, batch.targets[:, 0], reduction="sum"))
+                predicted.append(logits.argmax(-1).cpu())
+                gold.append(batch.targets[:, 0].cpu())
         predictions, labels = torch.cat(predicted), torch.cat(gold)
         nll = total / max(len(labels), 1)
         return {

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from targetlm import functional
 from targetlm.modules.heads import NgramHeads
-from targetlm.modules.model import LanguageModel
+from targetlm.modules.model import LanguageModel, evaluating
 
 __all__ = [
     "HiddenCache",
@@ -43,15 +43,13 @@ def body_states(
     """The frozen body over ``segments`` (R, T) of token ids, each read from a fresh state:
     its main x̂ (R, T, d) (float32) and greedy tokens g (R, T), g[:, s] = argmax logits(x̂_s).
     """
-    was_training = model.training
-    model.eval()
-    weight, bias = model.output()
-    hidden, greedy = [], []
-    for start in range(0, segments.size(0), batch_size):
-        predicted = model(segments[start : start + batch_size], None, run_heads=False).main
-        hidden.append(predicted.float())
-        greedy.append(functional.logits(predicted, weight, bias).argmax(-1))
-    model.train(was_training)
+    with evaluating(model):
+        weight, bias = model.output()
+        hidden, greedy = [], []
+        for start in range(0, segments.size(0), batch_size):
+            predicted = model(segments[start : start + batch_size], None, run_heads=False).main
+            hidden.append(predicted.float())
+            greedy.append(functional.logits(predicted, weight, bias).argmax(-1))
     return torch.cat(hidden), torch.cat(greedy)
 
 
@@ -109,17 +107,15 @@ def head_agreement(
     batch_size: int = 8,
 ) -> list[float]:
     """Per head n, the fraction of columns whose top-1 token is the body's g at column + n."""
-    was_training = heads.training
-    heads.eval()
-    agree = [0] * (heads.num_predictions - 1)
-    total = [0] * len(agree)
-    for start in range(0, len(cache), batch_size):
-        hidden = cache.hidden[start : start + batch_size]
-        greedy = cache.greedy[start : start + batch_size]
-        for n, logits in enumerate(head_logits(heads, hidden, greedy, weight, bias), 1):
-            agree[n - 1] += int((logits.argmax(-1) == greedy[:, n:]).sum())
-            total[n - 1] += greedy[:, n:].numel()
-    heads.train(was_training)
+    with evaluating(heads):
+        agree = [0] * (heads.num_predictions - 1)
+        total = [0] * len(agree)
+        for start in range(0, len(cache), batch_size):
+            hidden = cache.hidden[start : start + batch_size]
+            greedy = cache.greedy[start : start + batch_size]
+            for n, logits in enumerate(head_logits(heads, hidden, greedy, weight, bias), 1):
+                agree[n - 1] += int((logits.argmax(-1) == greedy[:, n:]).sum())
+                total[n - 1] += greedy[:, n:].numel()
     return [a / t if t else math.nan for a, t in zip(agree, total)]
 
 
