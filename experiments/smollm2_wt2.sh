@@ -21,7 +21,7 @@ preset=$1 seed=$2
 BPTT=${BPTT:-128} BATCH=${BATCH:-4} JOINT=${JOINT:-60} HEADS_ONLY=${HEADS_ONLY:-60}
 VALID=${VALID:-0.02} TEST=${TEST:-0.02}
 export OMP_NUM_THREADS=${THREADS:-1}
-LAMBDAS=${LAMBDAS:-0,0.02,0.04,0.08,0.1,0.2}
+LAMBDAS=${LAMBDAS:-0,0.02,0.04,0.08,0.1,0.2,0.3,0.4,0.5}
 root=${RUNS:-runs/smollm2}
 run=$root/$preset-s$seed
 config=configs/smollm2-wt2-${preset/before/base}.toml
