@@ -6,7 +6,8 @@
 # every epoch on the first quarter of valid, patience PATIENCE (default 5; paper 50) within
 # EPOCHS (default 30) epochs, best checkpoint kept. One run per call, one thread:
 #   bash experiments/heo_tf_ptb.sh METHOD SEED        (METHOD: base, sim-n2 .. wdr-n4)
-# then each run is evaluated on full valid and test at λ ∈ {0, 0.2, 0.4, 0.6} (heads once).
+# then each run is evaluated on full valid and test at λ ∈ {0, 0.2, 0.4, 0.6} (heads once), with
+# each head's top-1 accuracy on the word it predicts.
 # DIVERSITY=K measures gradient diversity every K steps (Heo et al. Fig. 2).
 #
 # REGIME=large (the second CPU regime): 3 layers x d 256 with the paper's d_ff 2100, blocks of
@@ -43,6 +44,6 @@ if [[ ! -f "$dir/results.json" ]]; then
     --set train.epochs="$epochs" --set train.early_stopping="$patience" \
     --set train.threads=1 --set train.progress=false "${extra[@]}"
 fi
-ensemble=(--ensemble-lambda 0,0.2,0.4,0.6)
+ensemble=(--ensemble-lambda 0,0.2,0.4,0.6 --head-top1)
 [[ $method == base ]] && ensemble=()
 eval_splits "$dir" "${ensemble[@]}"
