@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 from targetlm.cli.common import (
@@ -47,7 +46,7 @@ def oov_text(rate: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm eval``; returns the exit status."""
-    from targetlm.inference import evaluate_ensemble, evaluate_stream
+    from targetlm.inference import evaluate_ensemble, evaluate_stream, head_top1
     from targetlm.inference.evaluate import per_word, perplexity
     from targetlm.runs import load_run
 
@@ -59,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(task, SentencePairTask):  # its splits, with the task's figures
         return _eval_pairs(args, task, config, vocab, model)
     check_combiners(args, config, model)
+    if args.head_top1 and model.heads is None:
+        raise ConfigError("--head-top1 needs a model with N-gram heads (model.heads.n >= 2)")
     split = args.split or "test"
     if args.file is not None:
         lines, source = read_file(args.file, config.data.lowercase), str(args.file)
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     tokens = vocab.require_tokenizer().tokenize(lines)  # the run's tokenizer and vocabulary
     words = count_words(lines)
     where = {"split": None if args.file is not None else split, "file": source}
+    ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
+    segment = config.eval.segment or config.data.bptt
     if combiners is not None:  # per-token scoring: every combiner composes, one pass
         combiners = dataclasses.replace(combiners, ensemble_lambdas=tuple(args.ensemble_lambda))
         main, *streams = score_streams(model, vocab, config, tokens, args.open_vocab, combiners)
@@ -79,15 +82,15 @@ def run(args: argparse.Namespace) -> int:
                 for lam, s in zip(args.ensemble_lambda, streams)
             ]
         if args.head_top1:
-            result["head_top1"] = _head_top1(model, vocab, config, tokens)
+            result["head_top1"] = head_top1(
+                model, ids, config.eval.batch_size, segment, config.train.device
+            )
         if args.json:
             print(json.dumps(result))
         else:
             _print_summary(result)
             _print_heads(result)
         return 0
-    ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
-    segment = config.eval.segment or config.data.bptt
     if args.ensemble_lambda:  # one pass: the main head's ppl and every λ's
         result = evaluate_ensemble(
             model, ids, config.eval.batch_size, segment, args.ensemble_lambda, config.train.device
@@ -116,7 +119,9 @@ def run(args: argparse.Namespace) -> int:
         result["context"] = context
         result["min_context"] = context - segment + 1
     if args.head_top1:
-        result["head_top1"] = _head_top1(model, vocab, config, tokens)
+        result["head_top1"] = head_top1(
+            model, ids, config.eval.batch_size, segment, config.train.device
+        )
     if args.json:
         print(json.dumps(result))
     else:
@@ -128,17 +133,6 @@ def run(args: argparse.Namespace) -> int:
         )
         _print_heads(result)
     return 0
-
-
-def _head_top1(model, vocab, config, tokens: Sequence[str]) -> list[dict]:
-    """Each head's top-1 accuracy on the tokens (closed vocabulary: new words are ``<unk>``)."""
-    from targetlm.inference import head_top1
-
-    if model.heads is None:
-        raise ConfigError("--head-top1 needs a model with N-gram heads (model.heads.n >= 2)")
-    ids = with_context_token(vocab.encode(tokens), vocab.eos_id)
-    segment = config.eval.segment or config.data.bptt
-    return head_top1(model, ids, config.eval.batch_size, segment, config.train.device)
 
 
 def _print_heads(result: dict) -> None:
