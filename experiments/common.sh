@@ -15,6 +15,16 @@ train_reduced() {
     --set train.threads=1 --set train.progress=false "$@"
 }
 
+# train_or_resume RUN_DIR CONFIG [TRAIN_ARGS ...]: targetlm train into RUN_DIR, continuing from its
+# last.pt when an earlier call was cut short (a session's end); a finished run is left as it is
+train_or_resume() {
+  local dir=$1 config=$2 resume=()
+  shift 2
+  [[ -f "$dir/results.json" ]] && return 0
+  [[ -f "$dir/last.pt" ]] && resume=(--resume)
+  targetlm train "$config" --run-dir "$dir" "${resume[@]}" "$@"
+}
+
 # eval_splits RUN_DIR [EVAL_ARGS ...]: eval-valid.json and eval-test.json on the full splits
 # (data.valid reset to all of valid), each written whole or not at all; existing ones are kept
 eval_splits() {

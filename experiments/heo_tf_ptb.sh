@@ -33,17 +33,13 @@ dir="$root/$method${LABEL:+-$LABEL}-s$seed"
 extra=()
 [[ -n ${DIVERSITY:-} ]] && extra=(--set train.gradient_diversity_every="$DIVERSITY")
 for override in ${SET:-}; do extra+=(--set "$override"); done
-if [[ ! -f "$dir/results.json" ]]; then
-  resume=()
-  [[ -f "$dir/last.pt" ]] && resume=(--resume)
-  targetlm train "configs/tf-small-ptb-$method.toml" --run-dir "$dir" "${resume[@]}" \
-    --set train.seed="$seed" --set data.train_tokens="$tokens" "${size[@]}" \
-    --set model.encoder.max_context=128 \
-    --set data.bptt=128 --set data.batch_size=8 --set eval.segment=64 \
-    --set data.valid='"valid[:0.25]"' \
-    --set train.epochs="$epochs" --set train.early_stopping="$patience" \
-    --set train.threads=1 --set train.progress=false "${extra[@]}"
-fi
+train_or_resume "$dir" "configs/tf-small-ptb-$method.toml" \
+  --set train.seed="$seed" --set data.train_tokens="$tokens" "${size[@]}" \
+  --set model.encoder.max_context=128 \
+  --set data.bptt=128 --set data.batch_size=8 --set eval.segment=64 \
+  --set data.valid='"valid[:0.25]"' \
+  --set train.epochs="$epochs" --set train.early_stopping="$patience" \
+  --set train.threads=1 --set train.progress=false "${extra[@]}"
 ensemble=(--ensemble-lambda 0,0.2,0.4,0.6 --head-top1)
 [[ $method == base ]] && ensemble=()
 eval_splits "$dir" "${ensemble[@]}"

@@ -37,12 +37,8 @@ case $method in
   base-nobias) preset=base extra+=(--set model.output.bias=false) ;;
 esac
 dir="$root/$method-s$seed"
-if [[ ! -f "$dir/results.json" ]]; then
-  resume=()
-  [[ -f "$dir/last.pt" ]] && resume=(--resume)
-  targetlm train "configs/inan-small-ptb-$preset.toml" --run-dir "$dir" "${resume[@]}" "${extra[@]}" \
-    --set train.seed="$seed" --set data.train_tokens="${TOKENS:-50000}" \
-    --set data.valid='"valid[:0.25]"' --set train.epochs="${EPOCHS:-40}" \
-    --set train.threads=1 --set train.progress=false
-fi
+train_or_resume "$dir" "configs/inan-small-ptb-$preset.toml" "${extra[@]}" \
+  --set train.seed="$seed" --set data.train_tokens="${TOKENS:-50000}" \
+  --set data.valid='"valid[:0.25]"' --set train.epochs="${EPOCHS:-40}" \
+  --set train.threads=1 --set train.progress=false
 eval_splits "$dir"

@@ -36,15 +36,11 @@ tokens=${TOKENS:-50000} epochs=${EPOCHS:-30} patience=${PATIENCE:-5}
 dir="$root/$model-$method${LABEL:+-$LABEL}-s$seed"
 extra=()
 for override in ${SET:-}; do extra+=(--set "$override"); done
-if [[ ! -f "$dir/results.json" ]]; then
-  resume=()
-  [[ -f "$dir/last.pt" ]] && resume=(--resume)
-  targetlm train "configs/$model-ptb-$method.toml" --run-dir "$dir" "${resume[@]}" \
-    --set train.seed="$seed" --set data.train_tokens="$tokens" "${size[@]}" \
-    --set data.valid='"valid[:0.25]"' \
-    --set train.epochs="$epochs" --set train.max_steps=0 --set train.early_stopping="$patience" \
-    --set train.log_every=50 --set train.threads=1 --set train.progress=false "${extra[@]}"
-fi
+train_or_resume "$dir" "configs/$model-ptb-$method.toml" \
+  --set train.seed="$seed" --set data.train_tokens="$tokens" "${size[@]}" \
+  --set data.valid='"valid[:0.25]"' \
+  --set train.epochs="$epochs" --set train.max_steps=0 --set train.early_stopping="$patience" \
+  --set train.log_every=50 --set train.threads=1 --set train.progress=false "${extra[@]}"
 ensemble=(--ensemble-lambda 0,0.1,0.2,0.3,0.4,0.5,0.6)
 [[ $method == base ]] && ensemble=()
 eval_splits "$dir" "${ensemble[@]}"
