@@ -215,6 +215,64 @@ def test_baseline_difference_in_every_format(tmp_path, capsys):
     assert rows["wdr"]["difference"]["df"] == pytest.approx(2.0)
 
 
+def test_paired_difference_matches_a_hand_computation():
+    group = {1: 10.0, 2: 12.0, 3: 15.0}
+    baseline = {1: 9.0, 2: 10.0, 3: 12.0, 4: 100.0}  # seed 4 has no pair: left out
+    difference = compare.paired_difference(group, baseline)
+    # differences 1, 2, 3: mean 2, sd 1, df 2, half-width t(0.975, 2) · 1 / √3
+    half = 4.302653 / math.sqrt(3)
+    assert difference.pairs == [1, 2, 3] and difference.df == 2
+    assert difference.delta == pytest.approx(2.0)
+    assert (difference.low, difference.high) == pytest.approx((2 - half, 2 + half), abs=1e-5)
+    one = compare.paired_difference({2: 5.0, 7: 1.0}, {2: 3.0})
+    assert (one.delta, one.low, one.pairs) == (2.0, None, [2])
+    with pytest.raises(ValueError, match="no seed in common"):
+        compare.paired_difference({1: 1.0}, {2: 1.0})
+
+
+def test_paired_baseline_narrows_what_a_shared_seed_effect_widens(tmp_path, capsys):
+    # each seed shifts both groups alike (+0, +10, +20): Welch sees the spread, pairing removes it
+    for seed in (1, 2, 3):
+        shift = 10.0 * (seed - 1)
+        make_run(tmp_path, f"base-s{seed}", seed=seed, results=lm_results(0, 100 + shift))
+        make_run(
+            tmp_path, f"wdr-s{seed}", seed=seed, config={"model": {"heads": {"kind": "wdr"}}},
+            results=lm_results(0, 97 + shift + (seed == 3)),
+        )  # fmt: skip
+    for seed in (1, 2, 5):  # seed 5 has no base run: two pairs
+        make_run(
+            tmp_path, f"sim-s{seed}", seed=seed, config={"model": {"heads": {"kind": "simple"}}},
+            results=lm_results(0, 101 + 10.0 * (seed - 1)),
+        )  # fmt: skip
+    (welch,) = [r for r in rows_of(tmp_path, baseline="base") if r.group.name == "wdr"]
+    assert welch.difference.low < 0 < welch.difference.high and welch.difference.pairs is None
+    status, out, err = run_cli(capsys, str(tmp_path), "--baseline", "base", "--paired")
+    assert status == 0 and err == ""
+    table = {line.split(" | ")[0].strip("| "): line for line in out.splitlines()}
+    # differences -3, -3, -2: mean -8/3, sd 1/√3, half t(0.975, 2) · (1/√3) / √3
+    mean, half = -8 / 3, 4.302653 / 3
+    assert f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]" in table["wdr"]
+    assert "+1.00 [+1.00, +1.00] (2 pairs)" in table["sim"]  # differences 1, 1: no spread
+    assert "paired t-interval" in out and "Welch" not in out
+    status, out, _ = run_cli(
+        capsys, str(tmp_path), "--baseline", "base", "--paired", "--format", "json"
+    )
+    rows = {r["group"]: r for r in json.loads(out)["rows"]}
+    assert rows["sim"]["difference"]["paired_seeds"] == [1, 2]
+    assert rows["wdr"]["difference"]["df"] == 2
+
+
+def test_paired_needs_a_baseline_and_a_shared_seed(tmp_path, capsys):
+    make_run(tmp_path, "base-s1", seed=1, results=lm_results(0, 100))
+    make_run(
+        tmp_path, "wdr-s2", seed=2, config={"model": {"heads": {"kind": "wdr"}}},
+        results=lm_results(0, 90),
+    )  # fmt: skip
+    assert "--paired" in one_error_line(capsys, str(tmp_path), "--paired")
+    err = one_error_line(capsys, str(tmp_path), "--baseline", "base", "--paired")
+    assert "wdr (seeds 2) shares no seed with base (seeds 1)" in err
+
+
 def test_group_by_label_and_labelled_presets(tmp_path):
     make_run(tmp_path / "a", "x-s1", seed=1, results=lm_results(10, 11))
     make_run(tmp_path / "a", "x-s2", seed=2, results=lm_results(10, 13))
@@ -336,3 +394,22 @@ def test_committed_diffusion_records_reproduce_the_results_table(capsys, label, 
         assert round(wdr["difference"]["delta"], 2) == pytest.approx(expected[3])
         checked += 1
     assert checked >= 2
+
+
+# docs/results.md, "Heo et al. Table 1, the larger CPU regime": WDR − Sim paired by seed at
+# λ 0.2 (mean, paired interval) from the committed records
+HEO_PAIRED = {"sim-n2": ("wdr-n2", -0.91, -1.22, -0.60), "sim-n4": ("wdr-n4", -1.28, -2.55, -0.00)}
+
+
+@pytest.mark.parametrize("baseline", sorted(HEO_PAIRED))
+def test_committed_heo_records_reproduce_the_paired_table(capsys, baseline):
+    status, out, err = run_cli(
+        capsys, str(RECORDS / "heo-tf-ptb-large"), "--lambda", "0.2", "--baseline", baseline,
+        "--paired", "--format", "json",
+    )  # fmt: skip
+    assert status == 0, err
+    group, delta, low, high = HEO_PAIRED[baseline]
+    (row,) = [r for r in json.loads(out)["rows"] if r["group"] == group]
+    shown = [round(row["difference"][key], 2) for key in ("delta", "low", "high")]
+    assert shown == pytest.approx([delta, low, high])
+    assert row["difference"]["paired_seeds"] == [1, 2, 3]

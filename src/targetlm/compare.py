@@ -14,7 +14,8 @@ The steps, each a plain function over plain data (TOML and JSON only: no model c
    :class:`Group` (named by the run's preset: its directory name less ``-sSEED``, or by a label);
 3. :func:`build_rows` reads one metric per run (optionally at the ensemble λ chosen on valid)
    and aggregates each group: mean, sample standard deviation, seed count, and the difference
-   to a baseline group with a Welch t-interval;
+   to a baseline group with a Welch t-interval, or paired by seed (a seed fixes the order of
+   the batches, so runs of one seed can be compared pair by pair);
 4. :func:`to_markdown`, :func:`to_csv`, :func:`to_json` and :func:`plot` present the rows.
 
 Every bad input raises :class:`CompareError` with one line that names the run or group.
@@ -421,12 +422,15 @@ class Spread:
 
 @dataclass
 class Difference:
-    """mean(group) - mean(baseline) with a 95 % Welch t-interval (None where n < 2 on a side)."""
+    """mean(group) - mean(baseline) with a 95 % t-interval (None where n < 2): Welch's over
+    the two groups, or, when ``pairs`` is set, the mean of the differences of the runs with
+    the same seed (those seeds in ``pairs``) and their one-sample interval."""
 
     delta: float
     low: float | None
     high: float | None
     df: float | None
+    pairs: list[int] | None = None
 
     def text(self, digits: int = 2) -> str:
         if self.low is None or self.high is None:
@@ -500,6 +504,24 @@ def welch_difference(group: Spread, baseline: Spread, level: float = 0.95) -> Di
     return Difference(delta, delta - half, delta + half, df)
 
 
+def paired_difference(
+    group: dict[int, float], baseline: dict[int, float], level: float = 0.95
+) -> Difference:
+    """The mean of group[seed] - baseline[seed] over the seeds both have, and its t-interval
+    at ``level``: mean ± t(n - 1) · sd / √n (n pairs; no interval for n < 2). ``group`` and
+    ``baseline`` map seeds to values; at least one seed must be shared."""
+    seeds = sorted(group.keys() & baseline.keys())
+    if not seeds:
+        raise ValueError("no seed in common")
+    differences = Spread([group[seed] - baseline[seed] for seed in seeds])
+    if differences.sd is None:
+        return Difference(differences.mean, None, None, None, seeds)
+    half = student_t_quantile(1 - (1 - level) / 2, differences.n - 1) * differences.sd
+    half /= math.sqrt(differences.n)
+    return Difference(differences.mean, differences.mean - half, differences.mean + half,
+                      differences.n - 1, seeds)  # fmt: skip
+
+
 @dataclass
 class Row:
     """One group at one decoding: what each output format shows.
@@ -531,6 +553,7 @@ def build_rows(
     fixed_lambda: float | None = None,
     decoding: str | None = None,
     baseline: str | None = None,
+    paired: bool = False,
 ) -> list[Row]:
     """One :class:`Row` per group and decoding (every decoding the group's runs have, or the
     one named), with the ensemble λ chosen on valid per run (``lambda_on="valid"``) or fixed,
@@ -546,10 +569,13 @@ def build_rows(
         decoding: only this decoding ("" is the run's own; else a translate file's, e.g.
             ``"k20-predicted"``).
         baseline: a group name, or a preset that names one group per label (``LABEL/NAME``).
+        paired: the difference to ``baseline`` paired by seed (:func:`paired_difference`)
+            instead of Welch's.
 
     Raises:
         CompareError: a run lacks the metric (or the decoding, the valid figures to choose λ
-            on, or the test figure at its λ); the baseline names no group.
+            on, or the test figure at its λ); the baseline names no group; ``paired`` without
+            a baseline, or a group that shares no seed with it.
     """
     if metric not in METRICS:
         raise CompareError(f"--metric: {metric!r} is not one of {', '.join(METRICS)}")
@@ -557,12 +583,14 @@ def build_rows(
         raise CompareError(f"--lambda-on: {lambda_on!r} is not 'valid'")
     if lambda_on is not None and fixed_lambda is not None:
         raise CompareError("--lambda-on and --lambda exclude each other: choose λ or fix it")
+    if paired and baseline is None:
+        raise CompareError("--paired: pairs runs with the baseline's by seed; give --baseline")
     rows: list[Row] = []
     for group in groups:
         for name in _decodings(group, metric, decoding):
             rows.append(_row(group, metric, name, lambda_on, fixed_lambda))
     if baseline is not None:
-        _add_differences(rows, groups, baseline)
+        _add_differences(rows, groups, baseline, paired)
     return rows
 
 
@@ -640,7 +668,7 @@ def _row(
     return Row(group, decoding, metric, valid, Spread(test_alone), Spread(test), lambdas, rule)
 
 
-def _add_differences(rows: list[Row], groups: Sequence[Group], baseline: str) -> None:
+def _add_differences(rows: list[Row], groups: Sequence[Group], baseline: str, paired: bool) -> None:
     names = {group.name for group in groups}
     labelled = {f"{group.label}/{baseline}" for group in groups if group.label}
     if baseline not in names and not labelled & names:
@@ -652,8 +680,33 @@ def _add_differences(rows: list[Row], groups: Sequence[Group], baseline: str) ->
         if reference is None:
             continue
         row.baseline = name
-        if name != row.group.name:  # the baseline's own row says "baseline"
+        if name == row.group.name:  # the baseline's own row says "baseline"
+            continue
+        if not paired:
             row.difference = welch_difference(row.test, reference.test)
+            continue
+        values, reference_values = _values_by_seed(row), _values_by_seed(reference)
+        try:
+            row.difference = paired_difference(values, reference_values)
+        except ValueError:
+            raise CompareError(
+                f"--paired: {row.group.name} (seeds {_seeds_text(values)}) shares no "
+                f"seed with {name} (seeds {_seeds_text(reference_values)})"
+            ) from None
+
+
+def _values_by_seed(row: Row) -> dict[int, float]:
+    """The row's test figure per seed; a run without a seed cannot be paired."""
+    values = {}
+    for run, value in zip(row.group.runs, row.test.values):
+        if run.seed is None:
+            raise CompareError(f"--paired: {run.name} has no train.seed to pair it by")
+        values[run.seed] = value
+    return values
+
+
+def _seeds_text(values: dict[int, float]) -> str:
+    return ", ".join(str(seed) for seed in sorted(values))
 
 
 # ------------------------------------------------------------------------------ 4. output
@@ -730,8 +783,12 @@ def _table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
         if show["baseline"]:
             if row.baseline == row.group.name:
                 line.append("baseline")
+            elif row.difference is None:
+                line.append("–")
             else:
-                line.append(row.difference.text(digits) if row.difference else "–")
+                pairs = row.difference.pairs
+                shown = f" ({len(pairs)} pairs)" if pairs and len(pairs) < row.test.n else ""
+                line.append(row.difference.text(digits) + shown)
         cells.append(line)
     return header, cells
 
@@ -746,7 +803,13 @@ def to_markdown(rows: Sequence[Row]) -> str:
     if rows and rows[0].lambda_rule == "valid":
         notes += "; λ: each run's best on valid, read on test (one value, or the mode and each)"
     if _columns(rows)["baseline"]:
-        notes += "; Δ: difference of means, 95% Welch t-interval"
+        if any(row.difference and row.difference.pairs for row in rows):
+            notes += (
+                "; Δ: mean difference to the baseline's run of the same seed, 95% paired "
+                "t-interval (pairs: the seeds both have)"
+            )
+        else:
+            notes += "; Δ: difference of means, 95% Welch t-interval"
     return "\n".join(lines) + f"\n\n{notes}.\n"
 
 
@@ -759,6 +822,7 @@ def to_csv(rows: Sequence[Row]) -> str:
             "group", "decoding", "metric", "n", "seeds", "params", "best_epoch", "last_epoch",
             "valid_mean", "valid_sd", "test_alone_mean", "test_alone_sd", "lambdas",
             "test_mean", "test_sd", "baseline", "delta", "delta_low", "delta_high",
+            "delta_paired_seeds",
         ]
     )  # fmt: skip
 
@@ -788,6 +852,7 @@ def to_csv(rows: Sequence[Row]) -> str:
                 number(row.difference.delta if row.difference else None),
                 number(row.difference.low if row.difference else None),
                 number(row.difference.high if row.difference else None),
+                " ".join(map(str, row.difference.pairs or [])) if row.difference else "",
             ]
         )
     return out.getvalue()
@@ -831,6 +896,7 @@ def to_json(rows: Sequence[Row]) -> str:
                 "high": row.difference.high,
                 "df": row.difference.df,
                 "level": 0.95,
+                "paired_seeds": row.difference.pairs,
             }
         out.append(entry)
     return json.dumps({"rows": out}, indent=1) + "\n"

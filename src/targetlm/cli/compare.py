@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
             fixed_lambda=args.fixed_lambda,
             decoding=args.decoding,
             baseline=args.baseline,
+            paired=args.paired,
         )
     except compare.CompareError as error:
         print(f"targetlm: error: {error}", file=sys.stderr)
@@ -94,6 +95,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="GROUP",
         help="the difference of each group to GROUP (or to LABEL/GROUP within each label), "
         "with a 95%% Welch t-interval",
+    )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="the difference to the baseline paired by seed (each run against the baseline's "
+        "run of its seed, over the seeds both have), with a 95%% paired t-interval",
     )
     p.add_argument("--format", choices=["md", "csv", "json"], default="md")
     p.add_argument(
