@@ -514,12 +514,11 @@ def paired_difference(
     if not seeds:
         raise ValueError("no seed in common")
     differences = Spread([group[seed] - baseline[seed] for seed in seeds])
-    if differences.sd is None:
-        return Difference(differences.mean, None, None, None, seeds)
-    half = student_t_quantile(1 - (1 - level) / 2, differences.n - 1) * differences.sd
-    half /= math.sqrt(differences.n)
-    return Difference(differences.mean, differences.mean - half, differences.mean + half,
-                      differences.n - 1, seeds)  # fmt: skip
+    mean, sd, n = differences.mean, differences.sd, differences.n
+    if sd is None:
+        return Difference(mean, None, None, None, seeds)
+    half = student_t_quantile(1 - (1 - level) / 2, n - 1) * sd / math.sqrt(n)
+    return Difference(mean, mean - half, mean + half, n - 1, seeds)
 
 
 @dataclass
