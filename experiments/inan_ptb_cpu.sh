@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 10: Inan et al. 2017 Table 1, PTB small (inan-small-ptb-{base,al,re,real}) in the CPU
 # regime: the presets unchanged (VD-LSTM 2x200 with recurrent dropout 0.7 tied to the output
-# masks, SGD lr 1 decayed by 0.9 per epoch from epoch 5, clip 5, BPTT 35, batch 20, tau 20,
+# masks, SGD lr 1 decayed by 0.9 per epoch after epoch 5, clip 5, BPTT 35, batch 20, tau 20,
 # gamma 0.5, RE/REAL without output bias) on the first TOKENS training tokens (default 50k)
 # for EPOCHS epochs (default 40, the presets' budget), validated every epoch on the first
 # quarter of valid, best checkpoint kept; then evaluated on full valid and test.
 # SCHEDULE=steps keeps the paper's schedule in steps instead of epochs of the smaller corpus
 # (train.decay_epoch_steps=1328, the steps of one epoch of all of PTB at batch 20 x 35: lr 1
-# for 5,312 steps, then x0.9 every 1,328 steps), in runs/inan-ptb-cpu-steps. METHOD re-bias
+# for 6,640 steps, then x0.9 every 1,328 steps), in runs/inan-ptb-cpu-steps. METHOD re-bias
 # (RE with an output bias) and base-nobias (base without one) are the audit's controls.
 # On 50k tokens (72 steps an epoch) the paper's 40 epochs of steps (53,120) are EPOCHS=737:
 # about 2.6 hours a run on one idle thread (about 4,000 tokens/s), so the step-matched runs are
