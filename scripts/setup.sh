@@ -14,7 +14,14 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q "torch==2.13.0"
+# PyPI's Linux wheel of torch is the CUDA build: take the CPU wheel from PyTorch's own index when
+# its host resolves (looked up first: pip would retry an unreachable index for seconds); without
+# it, pip's configured mirrors must carry 2.13.0+cpu
+cpu_index=()
+if .venv/bin/python -c "import socket; socket.getaddrinfo('download.pytorch.org', 443)" 2>/dev/null; then
+  cpu_index=(--index-url https://download.pytorch.org/whl/cpu)
+fi
+.venv/bin/python -m pip install -q "torch==2.13.0" "${cpu_index[@]}"
 .venv/bin/python -m pip install -q -e ".[test]"
 for option in "$@"; do
   case "$option" in

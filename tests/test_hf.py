@@ -162,6 +162,20 @@ def test_train_eval_generate_and_export_through_the_cli(
     assert main(["export", str(run), "--output", str(exported)]) == 2
 
 
+def test_describe_names_the_backbone_and_counts_what_training_builds(model_dir, tmp_path, capsys):
+    config = write_config(tmp_path / "c.toml", model_dir)
+    assert main(["describe", str(config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    labels = [line.split()[0] + " " + line.split()[1] for line in lines[1:4]]
+    assert labels == ["input_embedding (hf)", "encoder (hf)", "output (hf)"]
+    assert lines[4].startswith("heads (wdr)")
+    assert main(["describe", str(config), "--json"]) == 0
+    params = json.loads(capsys.readouterr().out)["params"]
+    plain = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    backbone = sum(params[part] for part in ("input_embedding", "encoder", "output"))
+    assert backbone == sum(p.numel() for p in plain.parameters()) and params["heads"] > 0
+
+
 def test_the_kv_cache_equals_reading_the_whole_window(model_dir):
     encoder = built(model_dir).encoder
     assert isinstance(encoder, HfEncoder)

@@ -24,12 +24,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"total_params": total, "params": params, "vocab_size": len(vocab)}))
         return 0
     print(f"vocabulary: {len(vocab):,} {_entries(config)} ({config.data.name})")
-    parts = {
-        "input_embedding": config.model.embedding,
-        "encoder": config.model.encoder,
-        "output": config.model.output,
-        "heads": config.model.heads,
-    }
+    m = config.model
+    # a pretrained backbone supplies the embedding, encoder and output layer: its kind names them
+    pipeline = (
+        (m.embedding, m.encoder, m.output) if m.backbone.kind == "none" else (m.backbone,) * 3
+    )
+    parts = dict(zip(("input_embedding", "encoder", "output"), pipeline, strict=True))
+    parts |= {"heads": m.heads, "source_embedding": m.source_embedding}
     for name, count in params.items():
         kind = f" ({parts[name].kind})" if name in parts else ""
         print(f"{name + kind:<32}{count:>14,}")
