@@ -92,11 +92,7 @@ def _validate_backbone(config: Config) -> None:
 def check_device(config: Config) -> None:
     """``train.device`` names a device this machine has (training; a finished run trained on a
     GPU still loads on the CPU: ``targetlm.runs.load_run``)."""
-    try:
-        device = torch.device(config.train.device)
-    except RuntimeError:
-        raise ConfigError(f"train.device: not a device: {config.train.device!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if torch.device(config.train.device).type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             f"train.device = {config.train.device!r}, but no CUDA GPU is available here "
             "(--set train.device='\"cpu\"')"

@@ -7,6 +7,7 @@ Outside the training package so that a checkpoint is readable without it (``runs
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,11 @@ def save_atomic(obj: Any, path: str | Path) -> None:
     atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load(path: str | Path, required: Sequence[str] = ()) -> dict[str, Any]:
     """The checkpoint at ``path`` (a dict of tensors and plain values), on the CPU.
 
-    Raises :class:`CheckpointError` (one line) when it is missing or unreadable.
+    Raises :class:`CheckpointError` (one line) when it is missing, unreadable, or not a dict
+    holding every key of ``required`` (e.g. a bare ``model.state_dict()`` saved as best.pt).
     """
     path = Path(path)
     if not path.is_file():
@@ -43,9 +45,13 @@ def load(path: str | Path) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():  # (torch's note on a pickle protocol it did not write)
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, map_location="cpu", weights_only=True)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unpickling errors come in many types
         raise CheckpointError(f"{path}: unreadable checkpoint ({_reason(error)})") from None
+    missing = [key for key in required if not isinstance(checkpoint, dict) or key not in checkpoint]
+    if missing:
+        raise CheckpointError(f"{path}: not a targetlm checkpoint (no {missing[0]!r})")
+    return checkpoint
 
 
 def _reason(error: Exception) -> str:

@@ -208,7 +208,18 @@ def _find_runs(root: Path, unfinished: list[Path]) -> list[Path]:
 
 
 def read_run(path: Path, label: str = "") -> Run:
-    """One run directory as a :class:`Run` (see :func:`discover`)."""
+    """One run directory as a :class:`Run` (see :func:`discover`); a file of it that does not
+    hold what a run writes is a :class:`CompareError` naming the run."""
+    try:
+        return _read_run(path, label)
+    except (AttributeError, KeyError, TypeError, ValueError) as error:
+        raise CompareError(
+            f"{path}: a file of this run does not hold what targetlm writes "
+            f"({type(error).__name__}: {error})"
+        ) from None
+
+
+def _read_run(path: Path, label: str) -> Run:
     config = flat_config(_read_toml(path / "config.toml"))
     match = SEED_SUFFIX.search(path.name)
     preset = path.name[: match.start()] if match else path.name
@@ -252,15 +263,15 @@ def flat_config(data: dict[str, Any]) -> dict[str, Any]:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise CompareError(f"{path}: not valid TOML ({error})") from None
 
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CompareError(f"{path}: not valid JSON ({error})") from None
 
 
@@ -317,7 +328,11 @@ def _add_translate_figures(figures: dict, path: Path) -> None:
 def _validation_log(path: Path) -> tuple[tuple[int, int] | None, list[tuple[int, float]]]:
     """(best epoch, last epoch) and the validation curve of a metrics.jsonl."""
     by_step: dict[int, tuple[int, float]] = {}
-    for line in path.read_text().splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise CompareError(f"{path}: not UTF-8 text ({error})") from None
+    for line in text.splitlines():
         if not line.strip():
             continue
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -368,6 +369,11 @@ def validate(config: Config) -> None:
                 valid.check(f"{key}[{i}]", item)
         elif value is not None:
             valid.check(key, value)
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", config.train.device):
+        raise ConfigError(
+            f"train.device: {config.train.device!r} is not a device targetlm runs on "
+            "('cpu', 'cuda' or 'cuda:N')"
+        )
     if config.train.schedule == "inverse_sqrt" and config.train.warmup_steps < 1:
         raise ConfigError("train.warmup_steps: the inverse_sqrt schedule needs warmup_steps >= 1")
     if config.data.name == "text" and not config.data.dir:

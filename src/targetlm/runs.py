@@ -70,7 +70,7 @@ def read_best(run_dir: str | Path) -> tuple[dict, Vocabulary, Path]:
     if not any((run_dir / name).is_file() for name in (CONFIG, LAST, BEST)):
         raise CheckpointError(f"{run_dir} is not a run directory (no {CONFIG} / {LAST} / {BEST})")
     path = run_dir / BEST if (run_dir / BEST).is_file() else run_dir / LAST
-    checkpoint = load(path)
+    checkpoint = load(path, required=("model", "vocab", "config"))
     vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
     if (run_dir / VOCAB).is_file() and Vocabulary.load(run_dir / VOCAB) != vocab:
         raise CheckpointError(
@@ -114,15 +114,24 @@ def load_run(
 def check_task(config: Config, streams: bool | None, where: str, what: str) -> None:
     """Refuse a run (or config) whose task the command cannot read: ``streams`` True: a
     language-model command (its task is a :class:`~targetlm.tasks.StreamTask`), False: a
-    sentence-pair one (``translate``), None: any."""
-    from targetlm.tasks import StreamTask, build_task
+    sentence-pair one (``translate``), None: any; never a task whose model wraps the language
+    model (``Task.wraps_model``: a classifier)."""
+    from targetlm.tasks import SentencePairTask, StreamTask, build_task
 
+    task = build_task(config)
+    if task.wraps_model:
+        raise ConfigError(
+            f"{where} is a {config.task.kind!r} {what}: this command reads language models, not "
+            "a model around one (a run's figures on valid and test are in its results.json)"
+        )
     if streams is None:
         return
-    task = build_task(config)
-    if isinstance(task, StreamTask) != streams:
+    if not isinstance(task, StreamTask if streams else SentencePairTask):
         reads = "language-model (stream)" if streams else "sentence-pair"
-        hint = " (use `targetlm translate` or `eval`)" if streams else ""
+        if isinstance(task, SentencePairTask):
+            hint = " (use `targetlm translate` or `eval`)"
+        else:  # a stream run given to translate: no hint; a masked LM's: eval reads it
+            hint = "" if isinstance(task, StreamTask) else " (use `targetlm eval`)"
         raise ConfigError(
             f"{where} is a {config.task.kind!r} {what}; this command reads {reads} runs{hint}"
         )

@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.rundir import RunDirError
     from targetlm.runs import BEST, CONFIG, VOCAB, load_run, read_best
     from targetlm.training import distill
+    from targetlm.training.trainer import TrainingDiverged
 
     _check_numbers(args)
     if args.run_dir.exists():
@@ -129,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
     distill.train_drafting_heads(
         model, train, args.steps, args.lr, args.batch_size, args.seed, log, args.log_every
     )
+    if not all(bool(torch.isfinite(p).all()) for p in heads.parameters()):
+        raise TrainingDiverged(
+            f"the heads' weights are not finite after {args.steps} steps at --lr {args.lr}: "
+            f"nothing written to {args.run_dir} (try a smaller --lr)"
+        )
     after = distill.head_agreement(heads, held_out, weight, bias)
     seconds = time.perf_counter() - started
     new_config = dataclasses.replace(
@@ -194,8 +200,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 < args.held_out < 1:
         raise ConfigError(f"--held-out must be in (0, 1), got {args.held_out}")
-    if not args.lr > 0:
-        raise ConfigError(f"--lr must be > 0, got {args.lr}")
+    if not 0 < args.lr < math.inf:
+        raise ConfigError(f"--lr must be a finite number > 0, got {args.lr}")
 
 
 def _heads_config(current, args: argparse.Namespace, component_config):

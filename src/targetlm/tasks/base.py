@@ -77,12 +77,16 @@ class Task(ABC, Generic[ModelT]):
         causal: the task predicts from the past only and needs an encoder whose output t
             reads inputs 0..t (``Encoder.causal``); a task that declares False (masked LM,
             classification, diffusion) needs one that reads the whole sequence.
+        wraps_model: the module it trains wraps the language model (a classifier around it),
+            which the commands that rebuild a run's model (eval, score, translate...) do not
+            read.
     """
 
     conditional: bool = False
     denoising: bool = False
     finetunable: bool = False
     causal: bool = True
+    wraps_model: bool = False
 
     # --- the model and the loss ------------------------------------------------------------
     def check_model(self, kind: str, encoder_kind: str, model: LanguageModel) -> None:

@@ -228,6 +228,7 @@ class SequenceClassificationTask(Task[SequenceClassifier]):
 
     causal = False
     finetunable = True  # train.init_from: the pretrained run's vocabulary and weights
+    wraps_model = True  # a SequenceClassifier: its figures are the run's results.json
 
     def __init__(
         self,

@@ -59,6 +59,8 @@ class TrainingDiverged(RuntimeError):
 
 # what a run that stopped before its first last.pt leaves (it can be started again)
 BEFORE_FIRST_CHECKPOINT = {runs.CONFIG, runs.VOCAB, runs.TOKENIZER, runs.METRICS, runs.BEST}
+# what every last.pt holds (its weights: "model" and "optimizer", or "sharded": their directory)
+RESUME_KEYS = ("vocab", "schedule", "progress", "state", "rng")
 
 
 def _changed_keys(saved: dict, current: dict) -> set[str]:
@@ -147,7 +149,7 @@ class Trainer:
                     )
                 self.restart = True
             elif runs.RESULTS in files and self._reached_budget(
-                load_checkpoint(self.run_dir / runs.LAST)["progress"]
+                load_checkpoint(self.run_dir / runs.LAST, RESUME_KEYS)["progress"]
             ):
                 self.finished_results = json.loads((self.run_dir / runs.RESULTS).read_text())
         elif stuck:  # the same run again, from step 0
@@ -342,7 +344,7 @@ class Trainer:
         atomic_write(self.run_dir / runs.METRICS, "")
 
     def _restore(self) -> None:
-        checkpoint = load_checkpoint(self.run_dir / runs.LAST)
+        checkpoint = load_checkpoint(self.run_dir / runs.LAST, RESUME_KEYS)
         if "config" in checkpoint:
             self._check_same_config(runs.LAST, checkpoint["config"])
         saved_vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
