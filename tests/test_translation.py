@@ -312,6 +312,15 @@ beam = 2
     return path
 
 
+def test_eval_of_a_translation_config_scores_the_untrained_model(tmp_path, capsys):
+    # a config is read with its task's vocabulary (the joint subwords of the pairs), not as a
+    # stream corpus: before, multi30k-like data "was not found" (no train.txt)
+    config = tiny_translation_config(tmp_path, write_corpus(tmp_path / "data", pairs=60))
+    assert main(["eval", str(config), "--json", "--set", "eval.beam=1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["test"]["ppl"] > 1 and 0 <= result["test"]["bleu"] <= 100
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("nmt")

@@ -142,12 +142,18 @@ def configured_model(
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """The model of a config file as built, before any training (a pretrained backbone as it
     was published; other models randomly initialised with ``train.seed``), with the
-    vocabulary of its training split: what ``targetlm eval CONFIG.toml`` scores."""
+    vocabulary its task builds (a stream task: its training split's): what ``targetlm eval
+    CONFIG.toml`` scores."""
     from targetlm.data.datasets import load_corpus
+    from targetlm.tasks import StreamTask, build_task
 
     config = builders.load_config(path, list(overrides))
     check_task(config, streams, str(path), "config")
-    vocab = load_corpus(config.data, (config.data.train,)).vocab
+    task = build_task(config)
+    if isinstance(task, StreamTask):  # its training split's words: no batches needed
+        vocab = load_corpus(config.data, (config.data.train,)).vocab
+    else:  # sentence pairs (a joint subword vocabulary), masked-LM rows: the task's own
+        vocab = task.vocabulary(config)
     device = available_device(config.train.device)
     torch.manual_seed(config.train.seed)
     model = build_model(config.model, vocab.itos).eval()
