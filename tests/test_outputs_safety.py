@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import sys
 import urllib.error
 import warnings
@@ -120,6 +121,112 @@ def test_export_refuses_the_run_directory_itself(run, tmp_path, capsys):
     assert "is an input" in one_error(capsys, rc)
     rc = main(["export", str(run), "--output", str(run.parent), "--force"])  # holds the run
     assert "is an input" in one_error(capsys, rc)
+
+
+def test_score_refuses_to_write_over_the_config_it_reads(run, tmp_path, capsys):
+    config = tmp_path / "quick.toml"  # a config file as RUN_DIR
+    shutil.copyfile(run / "config.toml", config)
+    before = config.read_bytes()
+    text = text_file(tmp_path)
+    rc = main(["score", str(config), "--file", str(text), "--out", str(config), "--force"])
+    assert "is an input of this command" in one_error(capsys, rc)
+    assert config.read_bytes() == before
+
+
+# what other commands read in a run directory besides what training writes: its learning curve,
+# train-heads' heads.json, compare's eval and translate records
+READ_BY_OTHERS = ("learning_curve.png", "heads.json", "eval-test.json", "translate-test-k10.json")
+
+
+@pytest.fixture
+def finished(run, tmp_path) -> Path:
+    """A copy of ``run`` that also holds the files of READ_BY_OTHERS (records compare reads)."""
+    copy = tmp_path / "finished"
+    shutil.copytree(run, copy)
+    for name in READ_BY_OTHERS:
+        (copy / name).write_text('{"ppl": 5.0, "bleu": 1.0}\n', encoding="utf-8")
+    return copy
+
+
+@pytest.mark.parametrize("name", READ_BY_OTHERS)
+def test_score_refuses_to_write_over_a_file_other_commands_read(finished, tmp_path, capsys, name):
+    target = finished / name
+    before = target.read_bytes()
+    rc = main(["score", str(finished), "--file", str(text_file(tmp_path)), "--out", str(target),
+               "--force"])  # fmt: skip
+    assert "is an input of this command" in one_error(capsys, rc)
+    assert target.read_bytes() == before
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_compare_plot_never_writes_over_a_compared_runs_file(finished, capsys, force):
+    curve = finished / "learning_curve.png"
+    before = curve.read_bytes()
+    rc = main(["compare", str(finished), "--plot", str(curve), *force])
+    assert "is an input of this command" in one_error(capsys, rc)
+    assert curve.read_bytes() == before
+
+
+def test_compare_plot_replaces_an_existing_file_only_with_force(finished, tmp_path, capsys):
+    plot = tmp_path / "curves.png"
+    plot.write_bytes(b"keep me")
+    rc = main(["compare", str(finished), "--plot", str(plot)])
+    assert one_error(capsys, rc) == f"--plot {plot}: exists; pass --force to replace it"
+    assert plot.read_bytes() == b"keep me"
+    assert main(["compare", str(finished), "--plot", str(plot), "--force"]) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def not_a_regular_file(tmp_path: Path, kind: str) -> Path:
+    """An output path that is a link (to a device, or to a regular file) or a named pipe."""
+    path = tmp_path / f"out-{kind}.png"
+    if kind == "link-to-device":
+        path.symlink_to(os.devnull)
+    elif kind == "link-to-file":
+        path.symlink_to(text_file(tmp_path, "linked\n", "linked.txt"))
+    else:
+        os.mkfifo(path)
+    return path
+
+
+def kind_of(path: Path) -> tuple[bool, str | None, int]:
+    """(is a link, where it points, file type bits): what must not change."""
+    link = os.readlink(path) if path.is_symlink() else None
+    return path.is_symlink(), link, path.lstat().st_mode & 0o170000
+
+
+@pytest.mark.parametrize("kind", ["link-to-device", "link-to-file", "fifo"])
+@pytest.mark.parametrize("command", ["score", "translate", "compare"])
+def test_an_output_that_is_a_link_or_not_a_regular_file_is_refused(
+    finished, tmp_path, capsys, kind, command
+):
+    out = not_a_regular_file(tmp_path, kind)
+    before = kind_of(out)
+    text = text_file(tmp_path)
+    argv = {
+        "score": ["score", str(finished), "--file", str(text), "--out", str(out)],
+        "translate": ["translate", str(tmp_path / "no-run"), "--input", str(text),
+                      "--output", str(out)],
+        "compare": ["compare", str(finished), "--plot", str(out)],
+    }[command]  # fmt: skip
+    message = one_error(capsys, main([*argv, "--force"]))
+    assert message.endswith(("is a symbolic link; refusing to replace it (name the file it "
+                             "points to)", "exists and is not a regular file"))  # fmt: skip
+    assert kind_of(out) == before
+    if kind == "link-to-file":
+        assert out.read_text(encoding="utf-8") == "linked\n"
+
+
+def test_export_refuses_an_output_directory_that_is_a_link(tmp_path, capsys):
+    target = tmp_path / "models"
+    target.mkdir()
+    (target / "keep").write_text("x", encoding="utf-8")
+    link = tmp_path / "exported"
+    link.symlink_to(target)
+    rc = main(["export", str(tmp_path / "no-run"), "--output", str(link), "--force"])
+    assert one_error(capsys, rc).endswith("is a symbolic link; refusing to replace it (name the "
+                                          "file it points to)")  # fmt: skip
+    assert link.is_symlink() and (target / "keep").is_file()
 
 
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640)])

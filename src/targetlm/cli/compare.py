@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from targetlm import compare
+from targetlm.cli.outputs import add_force_option, check_output, run_inputs
 
 PLOT_FORMATS = (".png", ".pdf", ".svg")
 
@@ -24,6 +25,10 @@ def run(args: argparse.Namespace) -> int:
             if not plot.parent.is_dir():
                 raise compare.CompareError(f"--plot: no directory {plot.parent} to write into")
         runs, unfinished = compare.discover(args.dirs)
+        if args.plot is not None:  # never over a compared run's file; --force to replace
+            inputs = [path for run in runs for path in run_inputs(run.path)]
+            inputs += [path for run_dir in unfinished for path in run_inputs(run_dir)]
+            check_output(args.plot, "--plot", inputs, args.force)
         groups = compare.group_runs(runs, args.group_by)
         rows = compare.build_rows(
             groups,
@@ -108,4 +113,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PNG",
         help="also draw the groups' learning curves (and the λ sweep on valid) into PNG",
     )
+    add_force_option(p)
     p.set_defaults(func=run)

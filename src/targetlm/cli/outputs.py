@@ -1,9 +1,13 @@
 """The rule for every file or directory a command writes (``score --out``, ``translate
---output``, ``export --output``, ``analyze tsne|freq-bins --out``), checked before any work:
+--output``, ``export --output``, ``analyze tsne|freq-bins --out``, ``compare --plot``), checked
+before any work:
 
-* an output is never one of the command's inputs (the text it reads, the run directory's own
-  files, a directory holding an input), compared as resolved paths, so ``--output X --input X``
-  cannot replace the source with its translation; ``--force`` does not change that;
+* an output is never one of the command's inputs (the text it reads, RUN_DIR itself, the run
+  directory's own files, a directory holding an input), compared as resolved paths, so
+  ``--output X --input X`` cannot replace the source with its translation; ``--force`` does not
+  change that;
+* an output that is a symbolic link, or exists and is not a regular file (a device, a pipe), is
+  refused: writing it would replace the link or the device's entry with a regular file;
 * an existing output (a file, or a non-empty directory) is replaced only with ``--force``.
 
 Files are written whole or not at all with the umask's mode (:func:`targetlm.files.atomic_write`).
@@ -15,16 +19,21 @@ import argparse
 from collections.abc import Iterable
 from pathlib import Path
 
+from targetlm.analysis.report import CURVE
 from targetlm.registry import ConfigError
 from targetlm.runs import BEST, CONFIG, LAST, METRICS, REPORT, RESULTS, TOKENIZER, VOCAB
 
-RUN_FILES = (CONFIG, VOCAB, TOKENIZER, METRICS, LAST, BEST, RESULTS, REPORT)
+HEADS_RESULTS = "heads.json"  # cli/train_heads.HEADS_RESULTS (a copy: no import cycle)
+RUN_FILES = (CONFIG, VOCAB, TOKENIZER, METRICS, LAST, BEST, RESULTS, REPORT, CURVE, HEADS_RESULTS)
+RUN_RECORDS = ("eval-*.json", "translate-*.json")  # what compare reads beside results.json
 
 
 def run_inputs(run_dir: Path) -> list[Path]:
-    """The files of a run directory that a command reads (or another command may): never an
-    output."""
-    return [Path(run_dir) / name for name in RUN_FILES]
+    """RUN_DIR (a directory, or a config file) and the files of a run directory that a command
+    reads (or another command may), its eval and translate records included: never an output."""
+    run_dir = Path(run_dir)
+    records = [path for pattern in RUN_RECORDS for path in sorted(run_dir.glob(pattern))]
+    return [run_dir, *(run_dir / name for name in RUN_FILES), *records]
 
 
 def check_output(
@@ -50,11 +59,18 @@ def check_output(
                 f"{flag} {output}: is an input of this command ({path}); refusing to write "
                 "over it (--force does not change that)"
             )
+    if Path(output).is_symlink():
+        raise ConfigError(
+            f"{flag} {output}: is a symbolic link; refusing to replace it (name the file it "
+            "points to)"
+        )
     exists = target.is_dir() and any(target.iterdir()) if directory else target.exists()
     if directory and target.exists() and not target.is_dir():
         raise ConfigError(f"{flag} {output}: exists and is not a directory")
     if not directory and target.is_dir():
         raise ConfigError(f"{flag} {output}: is a directory")
+    if not directory and target.exists() and not target.is_file():
+        raise ConfigError(f"{flag} {output}: exists and is not a regular file")
     if exists and not force:
         what = "exists and is not empty" if directory else "exists"
         raise ConfigError(f"{flag} {output}: {what}; pass --force to replace it")
