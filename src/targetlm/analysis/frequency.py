@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from targetlm.files import atomic_write
 from targetlm.inference.scoring import TokenScores
 
 # bin k holds words seen [EDGES[k], EDGES[k+1]) times in training; 0 = new words
@@ -44,7 +46,8 @@ def frequency_bin_table(
 
 
 def plot_frequency_bins(rows: list[dict[str, Any]], path: Path, label: str) -> None:
-    """Bar chart of the median loss differences per frequency bin."""
+    """Bar chart of the median loss differences per frequency bin, in the format of ``path``'s
+    suffix (.png, .pdf, .svg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,5 +61,7 @@ def plot_frequency_bins(rows: list[dict[str, Any]], path: Path, label: str) -> N
     ax.set_ylabel("median loss difference (nats)")
     ax.set_title(label, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()  # the format is the suffix's; the file written whole or not at all
+    fig.savefig(image, format=Path(path).suffix.lstrip(".").lower(), dpi=120)
     plt.close(fig)
+    atomic_write(path, image.getvalue())

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from targetlm import functional
+from targetlm import builders, functional
 from targetlm.config import Config
 from targetlm.modules.interfaces import EmbeddingTable
+from targetlm.registry import ConfigError
 from targetlm.training.trainer import Trainer
 
 
@@ -30,6 +31,28 @@ def sweep(
     return list(dict.fromkeys(settings))
 
 
+def run_configs(config: Config, settings: Sequence[tuple[float, float]]) -> list[Config]:
+    """The config of each (β, τ) run, all checked before any model trains.
+
+    Raises:
+        ConfigError: ``config``'s objective is not ``augmented``, ``settings`` is empty, or a
+            β or τ is out of the objective's range (one line naming it).
+    """
+    if config.objective.kind != "augmented":
+        raise ConfigError(
+            "the subspace analysis needs objective.kind = 'augmented', not "
+            f"{config.objective.kind!r}"
+        )
+    if not settings:
+        raise ConfigError("the subspace analysis needs at least one (β, τ) to train")
+    configs = []
+    for beta, tau in settings:
+        run_config = config.replace([f"objective.beta={beta}", f"objective.tau={tau}"])
+        builders.validate(run_config)
+        configs.append(run_config)
+    return configs
+
+
 def run_subspace_analysis(
     config: Config,
     out_dir: str | Path,
@@ -38,15 +61,13 @@ def run_subspace_analysis(
 ) -> list[dict[str, Any]]:
     """Train one model per (β, τ) under ``out_dir`` and measure the subspace distance of each.
 
-    ``config`` must use the ``augmented`` objective; its β and τ are replaced per run.
+    ``config`` must use the ``augmented`` objective; its β and τ are replaced per run, every
+    setting checked before the first run starts (:func:`run_configs`).
     Writes ``subspace.json``, ``subspace.md`` and ``subspace.png`` into ``out_dir``.
     """
     out_dir = Path(out_dir)
-    if config.objective.kind != "augmented":
-        raise ValueError("the subspace analysis needs objective.kind = 'augmented'")
     rows = []
-    for beta, tau in settings:
-        run_config = config.replace([f"objective.beta={beta}", f"objective.tau={tau}"])
+    for (beta, tau), run_config in zip(settings, run_configs(config, settings)):
         run_dir = out_dir / f"beta{beta:g}-tau{tau:g}"
         log(f"training β = {beta:g}, τ = {tau:g} -> {run_dir}")
         trainer = Trainer(run_config, run_dir, log=lambda message: None)

@@ -8,12 +8,14 @@ Needs scikit-learn (``pip install -e ".[analysis]"`` in a checkout, as the READM
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import torch
 
 from targetlm import functional
 from targetlm.data.vocab import DataError
+from targetlm.files import atomic_write
 
 
 def target_tsne(
@@ -52,6 +54,7 @@ def target_tsne(
 
 
 def plot_tsne(points: dict[int, torch.Tensor], path: Path, title: str) -> None:
+    """Scatter plot of each level's points, in the format of ``path``'s suffix (.png, .pdf, .svg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,5 +67,7 @@ def plot_tsne(points: dict[int, torch.Tensor], path: Path, title: str) -> None:
     axis.set_title(title)
     axis.legend(markerscale=3)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    image = io.BytesIO()  # the format is the suffix's; the file written whole or not at all
+    figure.savefig(image, format=Path(path).suffix.lstrip(".").lower(), dpi=120)
     plt.close(figure)
+    atomic_write(path, image.getvalue())

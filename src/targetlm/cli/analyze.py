@@ -8,22 +8,45 @@ from pathlib import Path
 
 from targetlm import builders
 from targetlm.cli.common import (
+    SIZE,
     add_scoring_options,
     combiners_from_args,
     eval_overrides,
     floats,
+    number_in,
     run_tokens,
     score,
     settings,
 )
+from targetlm.cli.compare import PLOT_FORMATS
 from targetlm.cli.outputs import add_force_option, check_output, run_inputs
 from targetlm.data import (
     DataError,
     with_context_token,
 )
 from targetlm.inference.scoring import Combiners
-from targetlm.registry import ConfigError
+from targetlm.registry import MAX_SIZE, ConfigError, Range
 from targetlm.training.trainer import RunDirError
+
+TSNE_SEED = number_in(Range(0, 2**32 - 1), integer=True)  # scikit-learn's random_state
+LEVEL = number_in(Range(0, MAX_SIZE), integer=True)
+
+
+def levels(text: str) -> list[int]:
+    """``--levels 0,1,2``: one or more WDR levels n, each a whole number >= 0."""
+    values = [int(LEVEL(x)) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected one or more levels, e.g. 0,1,2")
+    return values
+
+
+def check_plot(out: Path, inputs: list[Path], force: bool) -> None:
+    """Refuse ``--out`` unless it ends in an image suffix of ``compare --plot`` (so the plot is
+    written to exactly that path: matplotlib would add ``.png`` to a bare name after the
+    checks) and passes :func:`check_output` against ``inputs``."""
+    if out.suffix.lower() not in PLOT_FORMATS:
+        raise ConfigError(f"--out: {out} should end in one of {', '.join(PLOT_FORMATS)}")
+    check_output(out, "--out", inputs, force)
 
 
 def subspace(args: argparse.Namespace) -> int:
@@ -31,17 +54,15 @@ def subspace(args: argparse.Namespace) -> int:
     from targetlm.analysis.subspace import run_subspace_analysis, sweep
 
     config = builders.load_config(args.config, args.set)
+    runs = sweep(args.betas, args.taus, args.beta_tau)
+    if not runs:
+        raise ConfigError("--betas and --taus are both empty: there is no model to train")
     out_dir = Path(args.out)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise RunDirError(
             f"output directory {out_dir} exists and is not empty; choose another --out"
         )
-    rows = run_subspace_analysis(
-        config,
-        out_dir,
-        sweep(args.betas, args.taus, args.beta_tau),
-        log=lambda m: print(m, flush=True),
-    )
+    rows = run_subspace_analysis(config, out_dir, runs, log=lambda m: print(m, flush=True))
     print((out_dir / "subspace.md").read_text(encoding="utf-8"), end="")
     return 0 if rows else 1
 
@@ -84,14 +105,21 @@ def tsne(args: argparse.Namespace) -> int:
     from targetlm.analysis.tsne import plot_tsne, target_tsne
     from targetlm.runs import load_run
 
-    check_output(args.out, "--out", run_inputs(args.run_dir), args.force)
+    if args.tokens <= max(args.levels) + 1:
+        raise ConfigError(
+            f"--tokens {args.tokens}: must be larger than the highest of --levels + 1 "
+            f"({max(args.levels) + 1})"
+        )
+    check_plot(args.out, run_inputs(args.run_dir), args.force)
     config, vocab, model, _ = load_run(args.run_dir, args.set)
-    levels = [int(n) for n in args.levels]
-    if any(n < 0 for n in levels) or args.tokens <= max(levels, default=0) + 1:
-        raise ConfigError("--levels must be >= 0 and --tokens larger than the highest level + 1")
     ids = vocab.encode(run_tokens(config, vocab, getattr(config.data, args.split)))[: args.tokens]
+    if len(ids) <= max(args.levels) + 1:
+        raise DataError(
+            f"the {args.split} split has {len(ids)} words: too few for level {max(args.levels)}"
+        )
     weight, _ = model.output()
-    points = target_tsne(weight, ids, levels, seed=args.seed)
+    points = target_tsne(weight, ids, args.levels, seed=args.seed)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     plot_tsne(
         points, args.out, f"{Path(args.run_dir).name}: targets of {len(ids)} {args.split} words"
     )
@@ -104,8 +132,7 @@ def freq_bins(args: argparse.Namespace) -> int:
     from targetlm.analysis.frequency import frequency_bin_table, plot_frequency_bins
     from targetlm.runs import load_run
 
-    inputs = [*run_inputs(args.run_a), *run_inputs(args.run_b)]
-    check_output(args.out, "--out", inputs, args.force)
+    check_plot(args.out, [*run_inputs(args.run_a), *run_inputs(args.run_b)], args.force)
     combiners = combiners_from_args(args) or Combiners()
     overrides = eval_overrides(args)
     config, vocab, model_a, _ = load_run(args.run_a, overrides)
@@ -181,11 +208,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "tsne", help="t-SNE of target embeddings and their n-level WDRs (Heo et al.)"
     )
     a.add_argument("run_dir", type=Path)
-    a.add_argument("--out", type=Path, required=True, help="the plot (PNG)")
-    a.add_argument("--levels", type=floats, default=[0.0, 1.0, 2.0], help="WDR levels n")
-    a.add_argument("--tokens", type=int, default=1000, help="target words from the split")
+    a.add_argument("--out", type=Path, required=True, help="the plot (.png, .pdf or .svg)")
+    a.add_argument("--levels", type=levels, default=[0, 1, 2], help="WDR levels n")
+    a.add_argument("--tokens", type=SIZE, default=1000, help="target words from the split")
     a.add_argument("--split", choices=["train", "valid", "test"], default="test")
-    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--seed", type=TSNE_SEED, default=0)
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     add_force_option(a)
     a.set_defaults(func=tsne)
@@ -197,7 +224,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     a.add_argument("run_a", type=Path, help="the first run (its vocabulary gives the counts)")
     a.add_argument("run_b", type=Path, help="the second run, trained on the same data")
-    a.add_argument("--out", type=Path, required=True, help="the plot (PNG)")
+    a.add_argument("--out", type=Path, required=True, help="the plot (.png, .pdf or .svg)")
     a.add_argument("--split", choices=["train", "valid", "test"], default="test")
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a.add_argument("--json", action="store_true")

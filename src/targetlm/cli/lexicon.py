@@ -6,11 +6,13 @@ import argparse
 import json
 
 from targetlm import config as config_lib
+from targetlm.cli.common import number_in
 from targetlm.data import (
     DATASETS,
     Vocabulary,
     read_split,
 )
+from targetlm.registry import Range
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +41,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("action", choices=["stats"])
     p.add_argument("--data", required=True, choices=sorted(DATASETS), help="dataset name")
     p.add_argument("--dir", help="dataset directory")
-    p.add_argument("--drop", type=float, default=0.0, help="remove this fraction of entries")
+    p.add_argument(
+        "--drop",
+        type=number_in(Range(0, 1)),
+        default=0.0,
+        help="remove this fraction of entries, in [0, 1]",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of --drop")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
