@@ -160,3 +160,15 @@ def test_train_heads_refuses_a_rate_that_cannot_train_before_reading_anything(tm
     message = one_error(capsys, main([*command, "--lr", lr, "--run-dir", str(tmp_path / "h")]))
     assert message.startswith("--lr must be a finite number > 0")
     assert not (tmp_path / "h").exists()
+
+
+# --- a loss that explodes without reaching inf ------------------------------------------------
+def test_an_infinite_validation_perplexity_is_divergence_not_a_result(tmp_path, capsys):
+    # lr 1e6 without clipping: the loss stays finite (about 1e7 nats) but exp of it is not
+    settings = ["train.max_steps=3", "train.epochs=1", "train.lr=1e6", "train.clip=0"]
+    settings += ["data.synthetic.train_sentences=200", "train.progress=false"]
+    run = tmp_path / "run"
+    argv = ["train", str(QUICKSTART), "--run-dir", str(run)]
+    assert main([*argv, *(a for s in settings for a in ("--set", s))]) == 3
+    assert "valid perplexity is inf" in capsys.readouterr().err
+    assert not (run / "results.json").exists() and not (run / "best.pt").exists()

@@ -498,6 +498,11 @@ class Trainer:
         self._check_finite()
         c = self.config
         result = self._evaluate("valid")
+        if not math.isfinite(result["ppl"]):  # a finite loss above 709 nats a word
+            raise TrainingDiverged(
+                f"valid perplexity is {result['ppl']} (loss {result['nll']:.4g}) at step "
+                f"{self.step} (epoch {self.epoch}); training stopped: {self._kept()}"
+            )
         self.schedule.on_validation(result["nll"])
         improved = result["ppl"] < self.best_valid
         if improved:
