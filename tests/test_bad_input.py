@@ -172,3 +172,14 @@ def test_an_infinite_validation_perplexity_is_divergence_not_a_result(tmp_path, 
     assert main([*argv, *(a for s in settings for a in ("--set", s))]) == 3
     assert "valid perplexity is inf" in capsys.readouterr().err
     assert not (run / "results.json").exists() and not (run / "best.pt").exists()
+
+
+# --- a λ outside [0, 1], or none --------------------------------------------------------------
+def test_compare_lambda_and_an_empty_ensemble_lambda_list_are_checked(capsys):
+    records = REPO / "docs" / "records" / "nmt-cpu-48ep"
+    for value in ("2", "-0.5", "nan"):
+        message = one_error(capsys, main(["compare", str(records), "--lambda", value]))
+        assert message.startswith("argument --lambda:")
+    for value in (",,", ""):
+        message = one_error(capsys, main(["eval", str(QUICKSTART), "--ensemble-lambda", value]))
+        assert "expected one or more numbers in [0, 1]" in message

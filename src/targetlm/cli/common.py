@@ -177,15 +177,19 @@ def number_in(valid: Range = FINITE, integer: bool = False) -> Callable[[str], f
     return parse
 
 
-def numbers_in(valid: Range = FINITE) -> Callable[[str], list[float]]:
-    """An argparse ``type=``: comma-separated numbers, each in ``valid``."""
+def numbers_in(valid: Range = FINITE, at_least_one: bool = False) -> Callable[[str], list[float]]:
+    """An argparse ``type=``: comma-separated numbers, each in ``valid`` (``at_least_one``: an
+    empty list is refused too)."""
     one = number_in(valid)
 
     def parse(text: str) -> list[float]:
         try:
-            return [one(x) for x in text.split(",") if x.strip()]
+            values = [one(x) for x in text.split(",") if x.strip()]
         except argparse.ArgumentTypeError as error:
             raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
+        if at_least_one and not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected one or more numbers in {valid}")
+        return values
 
     parse.__name__ = "numbers"
     return parse
@@ -211,7 +215,7 @@ def combiner_range(kind: str, option: str) -> Range:
 
 
 # --ensemble-lambda L,L,...: the head ensemble's λ values
-ENSEMBLE_LAMBDAS = numbers_in(combiner_range("head_ensemble", "lambdas"))
+ENSEMBLE_LAMBDAS = numbers_in(combiner_range("head_ensemble", "lambdas"), at_least_one=True)
 
 
 def add_scoring_options(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from targetlm import compare
+from targetlm.cli.common import combiner_range, number_in
 from targetlm.cli.outputs import add_force_option, check_output, run_inputs
 
 PLOT_FORMATS = (".png", ".pdf", ".svg")
@@ -86,7 +87,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     choice.add_argument(
         "--lambda",
         dest="fixed_lambda",
-        type=float,
+        type=number_in(combiner_range("head_ensemble", "lambdas")),
         metavar="L",
         help="read every run with a head ensemble at this λ (e.g. the paper's)",
     )
