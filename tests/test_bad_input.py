@@ -183,3 +183,22 @@ def test_compare_lambda_and_an_empty_ensemble_lambda_list_are_checked(capsys):
     for value in (",,", ""):
         message = one_error(capsys, main(["eval", str(QUICKSTART), "--ensemble-lambda", value]))
         assert "expected one or more numbers in [0, 1]" in message
+
+
+# --- a run inside a run --------------------------------------------------------------------
+def test_a_new_run_directory_inside_another_run_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(QUICKSTART, run / "config.toml")
+    (run / "metrics.jsonl").write_text("")
+    before = files_of(run)
+    message = one_error(capsys, main(["train", str(QUICKSTART), "--run-dir", str(run / "sub")]))
+    assert (
+        message == f"{run / 'sub'} is inside the run directory {run}: choose a --run-dir outside it"
+    )
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat\n")
+    heads = ["train-heads", str(run), "--corpus", str(corpus), "--steps", "2"]
+    message = one_error(capsys, main([*heads, "--run-dir", str(run / "heads")]))
+    assert message.startswith(f"{run / 'heads'} is inside the run directory")
+    assert files_of(run) == before

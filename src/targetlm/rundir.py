@@ -32,6 +32,16 @@ class RunDirError(RuntimeError):
     it, or there is nothing to resume)."""
 
 
+def check_outside_runs(run_dir: str | Path) -> None:
+    """Refuse a new run directory inside another run's (a directory holding a ``config.toml``
+    beside a ``metrics.jsonl``): tools that read that run would find a second one in it."""
+    for parent in Path(run_dir).resolve().parents:
+        if (parent / "config.toml").is_file() and (parent / "metrics.jsonl").is_file():
+            raise RunDirError(
+                f"{run_dir} is inside the run directory {parent}: choose a --run-dir outside it"
+            )
+
+
 def _holder(path: Path) -> str:
     """``process PID on HOST`` as the lock file ``path`` names it (or what is known)."""
     try:

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.data import read_file, read_lines, with_context_token
     from targetlm.files import atomic_write
     from targetlm.modules.heads import build_heads
-    from targetlm.rundir import RunDirError
+    from targetlm.rundir import RunDirError, check_outside_runs
     from targetlm.runs import BEST, CONFIG, VOCAB, load_run, read_best
     from targetlm.training import distill
     from targetlm.training.trainer import TrainingDiverged
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
     if args.run_dir.exists():
         raise RunDirError(f"{args.run_dir} exists: train-heads writes a new run directory")
+    check_outside_runs(args.run_dir)
     config, vocab, model, checkpoint = load_run(args.source)
     torch.manual_seed(args.seed)
     heads_config = _heads_config(config.model.heads, args, ComponentConfig)

@@ -121,6 +121,7 @@ class Trainer:
         self._state_dims: list[int] | None = None  # the carried state's row dimensions
         try:
             rundir.check_unlocked(self.run_dir)
+            rundir.check_outside_runs(self.run_dir)
             self._check_run_dir()
         except Exception:
             self.processes.close()
