@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -400,3 +402,19 @@ def test_console_script_reports_a_bad_key_in_one_line(tmp_path):
     assert done.stderr.splitlines() == [done.stderr.strip()]
     assert done.stderr.startswith("targetlm: error: unknown key train.lrr")
     assert not run.exists()
+
+
+def test_eval_reads_its_file_from_a_pipe(run_dir, tmp_path, capsys):
+    # `--file <(...)` hands the command a pipe: it reads as a file does (it was "not found")
+    text = "the cat saw a dog\n"
+    plain = tmp_path / "plain.txt"
+    plain.write_text(text)
+    assert main(["eval", str(run_dir), "--file", str(plain), "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)["ppl"]
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    writer = threading.Thread(target=lambda: pipe.write_text(text), daemon=True)
+    writer.start()
+    assert main(["eval", str(run_dir), "--file", str(pipe), "--json"]) == 0
+    writer.join()
+    assert json.loads(capsys.readouterr().out)["ppl"] == pytest.approx(expected)

@@ -58,7 +58,7 @@ def read_text(path: str | Path, kind: str = "corpus file", separators: bool = Tr
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path} is a directory, not a text file")
-    if not path.is_file():
+    if not path.exists():  # a pipe (`--file <(...)`) or a device reads as a file does
         raise DataError(f"{kind} not found: {path}")
     try:
         raw = path.read_bytes()
