@@ -202,3 +202,13 @@ def test_a_new_run_directory_inside_another_run_is_refused(tmp_path, capsys):
     message = one_error(capsys, main([*heads, "--run-dir", str(run / "heads")]))
     assert message.startswith(f"{run / 'heads'} is inside the run directory")
     assert files_of(run) == before
+
+
+def test_a_directory_given_as_a_config_is_named_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    message = one_error(capsys, main(["describe", str(run)]))
+    assert message == f"{run} is a directory, not a config file"
+    shutil.copy(QUICKSTART, run / "config.toml")
+    message = one_error(capsys, main(["describe", str(run)]))
+    assert message.endswith(f"(the run's config: {run / 'config.toml'})")

@@ -411,6 +411,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def load_table(path: str | Path) -> dict[str, Any]:
     """A TOML file as a dict (not checked against the config's keys: a partial config)."""
     path = Path(path)
+    if path.is_dir():
+        hint = (
+            f" (the run's config: {path / 'config.toml'})"
+            if (path / "config.toml").is_file()
+            else ""
+        )
+        raise ConfigError(f"{path} is a directory, not a config file{hint}")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
