@@ -176,6 +176,18 @@ def test_describe_names_the_backbone_and_counts_what_training_builds(model_dir, 
     assert backbone == sum(p.numel() for p in plain.parameters()) and params["heads"] > 0
 
 
+def test_a_run_on_a_pretrained_backbone_finetunes_on_new_text(model_dir, tmp_path):
+    # the finetuning run reads its text with the model's own tokenizer (the backbone's path),
+    # as the source run did, and starts from the source run's weights
+    config = write_config(tmp_path / "c.toml", model_dir, "simple", "cross_entropy")
+    source = tmp_path / "source"
+    assert main(["train", str(config), "--run-dir", str(source)]) == 0
+    run = tmp_path / "finetuned"
+    assert main(["finetune", str(source), "--run-dir", str(run), "--set", "train.max_steps=2"]) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 2 and results["test"]["ppl"] > 1
+
+
 def test_the_kv_cache_equals_reading_the_whole_window(model_dir):
     encoder = built(model_dir).encoder
     assert isinstance(encoder, HfEncoder)

@@ -39,7 +39,8 @@ def source_of(run_dir: str) -> tuple[dict[str, torch.Tensor], Vocabulary, str]:
 def reuse_tokenizer(source: dict[str, Any], config: dict[str, Any], source_dir: Path) -> None:
     """Make a finetuning config (TOML-shaped, changed in place) read its text with the source
     run's tokenizer: the same ``data.tokenizer`` and, for BPE / unigram, the source run's
-    ``tokenizer.json`` as ``data.tokenizer_file``."""
+    ``tokenizer.json`` as ``data.tokenizer_file``; for a pretrained model's (``hf``), the model
+    it names."""
     kind = source.get("data", {}).get("tokenizer", "whitespace")
     data = config.setdefault("data", {})
     if data.get("tokenizer", kind) != kind:
@@ -47,6 +48,9 @@ def reuse_tokenizer(source: dict[str, Any], config: dict[str, Any], source_dir: 
             f"data.tokenizer: finetuning reads the new text with the source run's tokenizer "
             f"({kind!r}), not {data['tokenizer']!r}"
         )
+    if kind == "hf":  # a pretrained model's own: read from the model (the backbone's path)
+        data["tokenizer_file"] = source.get("data", {}).get("tokenizer_file")
+        return
     entry = TOKENIZERS.get(kind)  # a Tokenizer class: its ``file`` is what a run keeps of it
     file = entry.file if isinstance(entry, type) and issubclass(entry, Tokenizer) else None
     if file is not None:
