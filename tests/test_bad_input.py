@@ -212,3 +212,17 @@ def test_a_directory_given_as_a_config_is_named_so(tmp_path, capsys):
     shutil.copy(QUICKSTART, run / "config.toml")
     message = one_error(capsys, main(["describe", str(run)]))
     assert message.endswith(f"(the run's config: {run / 'config.toml'})")
+
+
+def test_an_output_under_a_file_is_one_error_before_any_work(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat\n")
+    before = text.read_bytes()
+    message = one_error(capsys, main(["train", str(QUICKSTART), "--run-dir", str(text / "run")]))
+    assert message == f"{text / 'run'}: {text} is a file, not a directory to write into"
+    argv = ["score", str(QUICKSTART), "--file", str(text), "--out", str(text / "scores.jsonl")]
+    message = one_error(capsys, main(argv))
+    assert (
+        message == f"--out {text / 'scores.jsonl'}: {text} is a file, not a directory to write into"
+    )
+    assert text.read_bytes() == before

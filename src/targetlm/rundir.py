@@ -34,7 +34,11 @@ class RunDirError(RuntimeError):
 
 def check_outside_runs(run_dir: str | Path) -> None:
     """Refuse a new run directory inside another run's (a directory holding a ``config.toml``
-    beside a ``metrics.jsonl``): tools that read that run would find a second one in it."""
+    beside a ``metrics.jsonl``): tools that read that run would find a second one in it; and
+    one under a file."""
+    blocking = next((p for p in Path(run_dir).parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise RunDirError(f"{run_dir}: {blocking} is a file, not a directory to write into")
     for parent in Path(run_dir).resolve().parents:
         if (parent / "config.toml").is_file() and (parent / "metrics.jsonl").is_file():
             raise RunDirError(

@@ -59,6 +59,9 @@ def check_output(
                 f"{flag} {output}: is an input of this command ({path}); refusing to write "
                 "over it (--force does not change that)"
             )
+    blocking = next((p for p in Path(output).parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(f"{flag} {output}: {blocking} is a file, not a directory to write into")
     if Path(output).is_symlink():
         raise ConfigError(
             f"{flag} {output}: is a symbolic link; refusing to replace it (name the file it "
