@@ -947,7 +947,8 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
         )  # fmt: skip
     axes[0].set(xlabel="step", ylabel="valid ppl", title="learning curves (mean, min–max)")
     axes[0].set_yscale("log")
-    axes[0].legend(fontsize="small")
+    if axes[0].lines:  # runs without a validation log draw no curve
+        axes[0].legend(fontsize="small")
     for row in sweeps:
         key = ("valid", row.metric, row.decoding)
         grids = [run.figures.get(key, {}) for run in row.group.runs]
@@ -964,7 +965,8 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
     if sweeps:
         metric = rows[0].metric
         axes[1].set(xlabel="λ", ylabel=f"valid {metric}", title="head ensemble: λ sweep on valid")
-        axes[1].legend(fontsize="small")
+        if axes[1].lines:
+            axes[1].legend(fontsize="small")
     fig.tight_layout()
     image = io.BytesIO()
     fig.savefig(image, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
