@@ -228,3 +228,18 @@ def byte_level_bpe(lines, size: int = 300):
     )
     tokenizer.train_from_iterator(lines, trainer)
     return tokenizer
+
+
+def one_error(capsys, rc: int) -> str:
+    """The one error line a command printed (without its ``targetlm: error:`` prefix), after
+    checking it exited 2 and printed nothing else on stderr."""
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("targetlm: error: "), err
+    return lines[0].removeprefix("targetlm: error: ")
+
+
+def files_of(directory) -> dict[str, bytes]:
+    """Each file of ``directory`` by name, with its bytes: compare before and after a command."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import files_of, one_error
 
 from targetlm.cli import main
 
@@ -35,18 +36,6 @@ max_steps = 2
 progress = false
 """
 AUGMENTED = '[objective]\nkind = "augmented"\ntarget_source = "input"\ntau = 10.0\nbeta = 1.0\n'
-
-
-def one_error(capsys, rc: int) -> str:
-    out, err = capsys.readouterr()
-    assert rc == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("targetlm: error: "), err
-    return lines[0].removeprefix("targetlm: error: ")
-
-
-def files_of(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
 def config(path: Path, augmented: bool = False) -> Path:

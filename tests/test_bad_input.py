@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import files_of, one_error
 
 from targetlm import config as config_lib
 from targetlm.cli import main
@@ -19,18 +20,6 @@ from targetlm.cli import main
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.toml"
 MLM = REPO / "configs" / "mlm-wt2-base.toml"
-
-
-def one_error(capsys, rc: int) -> str:
-    out, err = capsys.readouterr()
-    assert rc == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("targetlm: error: "), err
-    return lines[0].removeprefix("targetlm: error: ")
-
-
-def files_of(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
 # --- checkpoints that are not targetlm's ------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import one_error, tiny_config
 
 from targetlm.cli import main
 from targetlm.training import Trainer
@@ -45,14 +45,6 @@ def umask():
     previous = os.umask(0o022)
     yield lambda mask: os.umask(mask)
     os.umask(previous)
-
-
-def one_error(capsys, rc: int) -> str:
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("targetlm: error: "), err
-    return lines[0].removeprefix("targetlm: error: ")
 
 
 def text_file(tmp_path: Path, text: str = "the cat saw a dog\n", name: str = "text.txt") -> Path:
