@@ -676,7 +676,11 @@ class Trainer:
             self.log(
                 f"stopped at max_steps={c.max_steps}; resumable checkpoint in {self.run_dir / runs.LAST}"
             )
-        return self.finish()
+        results = self.finish()
+        # the other ranks wait for rank 0's evaluation, so every rank ends its process group
+        # at once (a rank that ended it early was seen waiting on gloo after rank 0 had exited)
+        self.processes.barrier()
+        return results
 
     def _finished_epochs(self) -> bool:
         return self.epoch > self.config.train.epochs
