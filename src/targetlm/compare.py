@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from targetlm import config as config_lib
-from targetlm.files import atomic_write
+from targetlm.files import write_figure
 from targetlm.registry import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -919,7 +919,7 @@ def to_json(rows: Sequence[Row]) -> str:
 def plot(rows: Sequence[Row], path: str | Path) -> None:
     """Learning curves (valid ppl by step: the mean over seeds, the band min–max) of each
     group; beside them, where λ is chosen or fixed, the valid figure by λ of each group with
-    an ensemble (mean and min–max over seeds). Written with :func:`atomic_write`."""
+    an ensemble (mean and min–max over seeds). Written with :func:`~targetlm.files.write_figure`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -968,7 +968,5 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
         if axes[1].lines:
             axes[1].legend(fontsize="small")
     fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
+    write_figure(path, fig)
     plt.close(fig)
-    atomic_write(path, image.getvalue())

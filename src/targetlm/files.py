@@ -73,6 +73,19 @@ def atomic_write(path: str | Path, content: str | bytes | Callable[[IO[Any]], No
         raise
 
 
+def write_figure(path: str | Path, figure: Any, dpi: int = 120) -> None:
+    """A matplotlib ``figure`` saved to ``path`` whole or not at all (:func:`atomic_write`),
+    in the format its suffix names (.png, .pdf, .svg; PNG without one)."""
+    kind = Path(path).suffix.lstrip(".").lower() or "png"
+    atomic_write(path, lambda handle: figure.savefig(handle, format=kind, dpi=dpi))
+
+
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The first of ``path``'s parents that exists and is not a directory (nothing can be
+    written under it), or None."""
+    return next((p for p in Path(path).parents if p.exists() and not p.is_dir()), None)
+
+
 def disk_full(error: BaseException | None) -> int | None:
     """ENOSPC, EFBIG or EDQUOT when one is anywhere in ``error``'s chain (torch.save wraps the
     OSError in a RuntimeError), else None."""

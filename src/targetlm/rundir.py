@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from targetlm.files import DiskFullError, disk_full
+from targetlm.files import DiskFullError, disk_full, file_in_the_way
 
 LOCK = ".lock"
 
@@ -36,7 +36,7 @@ def check_outside_runs(run_dir: str | Path) -> None:
     """Refuse a new run directory inside another run's (a directory holding a ``config.toml``
     beside a ``metrics.jsonl``): tools that read that run would find a second one in it; and
     one under a file."""
-    blocking = next((p for p in Path(run_dir).parents if p.exists() and not p.is_dir()), None)
+    blocking = file_in_the_way(run_dir)
     if blocking is not None:
         raise RunDirError(f"{run_dir}: {blocking} is a file, not a directory to write into")
     for parent in Path(run_dir).resolve().parents:

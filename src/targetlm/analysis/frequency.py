@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from targetlm.files import atomic_write
+from targetlm.files import write_figure
 from targetlm.inference.scoring import TokenScores
 
 # bin k holds words seen [EDGES[k], EDGES[k+1]) times in training; 0 = new words
@@ -61,7 +60,5 @@ def plot_frequency_bins(rows: list[dict[str, Any]], path: Path, label: str) -> N
     ax.set_ylabel("median loss difference (nats)")
     ax.set_title(label, fontsize=9)
     fig.tight_layout()
-    image = io.BytesIO()  # the format is the suffix's; the file written whole or not at all
-    fig.savefig(image, format=Path(path).suffix.lstrip(".").lower(), dpi=120)
+    write_figure(path, fig)
     plt.close(fig)
-    atomic_write(path, image.getvalue())

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from targetlm.config import Config
+from targetlm.files import write_figure
 
 CURVE = "learning_curve.png"
 
@@ -40,7 +41,7 @@ def plot_learning_curve(metrics: list[dict[str, Any]], path: Path) -> bool:
     axes.grid(True, alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    write_figure(path, figure, dpi=100)
     plt.close(figure)
     return True
 

@@ -8,14 +8,13 @@ Needs scikit-learn (``pip install -e ".[analysis]"`` in a checkout, as the READM
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import torch
 
 from targetlm import functional
 from targetlm.data.vocab import DataError
-from targetlm.files import atomic_write
+from targetlm.files import write_figure
 
 
 def target_tsne(
@@ -67,7 +66,5 @@ def plot_tsne(points: dict[int, torch.Tensor], path: Path, title: str) -> None:
     axis.set_title(title)
     axis.legend(markerscale=3)
     figure.tight_layout()
-    image = io.BytesIO()  # the format is the suffix's; the file written whole or not at all
-    figure.savefig(image, format=Path(path).suffix.lstrip(".").lower(), dpi=120)
+    write_figure(path, figure)
     plt.close(figure)
-    atomic_write(path, image.getvalue())

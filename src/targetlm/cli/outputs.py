@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from targetlm.analysis.report import CURVE
+from targetlm.files import file_in_the_way
 from targetlm.registry import ConfigError
 from targetlm.runs import BEST, CONFIG, LAST, METRICS, REPORT, RESULTS, TOKENIZER, VOCAB
 
@@ -59,7 +60,7 @@ def check_output(
                 f"{flag} {output}: is an input of this command ({path}); refusing to write "
                 "over it (--force does not change that)"
             )
-    blocking = next((p for p in Path(output).parents if p.exists() and not p.is_dir()), None)
+    blocking = file_in_the_way(output)
     if blocking is not None:
         raise ConfigError(f"{flag} {output}: {blocking} is a file, not a directory to write into")
     if Path(output).is_symlink():
