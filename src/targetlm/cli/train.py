@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -42,16 +44,21 @@ def train_and_report(config: config_lib.Config, run_dir: Path, resume: bool) -> 
 
     trainer = Trainer(config, run_dir, resume=resume, log=lambda m: print(m, flush=True))
     results = trainer.train()
-    if results.get("interrupted"):
-        return 130
-    if not trainer.processes.is_main:
-        return 0
-    from targetlm.tasks import build_task
+    code = 130 if results.get("interrupted") else 0
+    if code == 0 and trainer.processes.is_main:
+        from targetlm.tasks import build_task
 
-    # the task's figures (a finished run that is resumed returns its results without setup)
-    for line in build_task(config).summary(results):
-        print(line)
-    return 0
+        # the task's figures (a finished run that is resumed returns its results without setup)
+        for line in build_task(config).summary(results):
+            print(line)
+    if trainer.processes.several:  # a torchrun rank, its process group already ended
+        # end the process here: freeing DDP's reducer from Python later drops the last reference
+        # to torch's gloo process group, whose destructor joins a thread that waits for the GIL
+        # the destructor holds (a rank seen hung so, after its run was complete)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
