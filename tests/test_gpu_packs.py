@@ -123,6 +123,19 @@ def test_a_smoke_pack_trains_each_run_of_its_table_one_cpu_step(tmp_path, pack):
     assert f"targetlm compare {out}/records" in completed.stdout
 
 
+def test_set_reaches_every_run_of_a_pack(tmp_path):
+    env = {"SET": 'train.precision="bf16" train.log_every=7'}
+    completed, calls, _ = run_pack(tmp_path, "heo_table1", env=env)
+    assert completed.returncode == 0, completed.stderr
+    trains = [c for c in calls if c[0] == "train"]
+    assert len(trains) == len(PACKS["heo_table1"][0])
+    for call in trains:
+        sets = [call[i + 1] for i, a in enumerate(call) if a == "--set"]
+        assert 'train.precision="bf16"' in sets and "train.log_every=7" in sets, sets
+        # the pack's own cap comes after SET, so SET cannot lift it
+        assert sets.index("train.max_steps=1") > sets.index("train.log_every=7")
+
+
 def test_a_smoke_pack_evaluates_at_the_lambda_best_on_val(tmp_path):
     completed, calls, out = run_pack(tmp_path, "nmt_multi30k")
     assert completed.returncode == 0, completed.stderr

@@ -18,6 +18,9 @@
 # of one alone). gpu_init starts the MPS daemon where nvidia-cuda-mps-control exists (MPS=0: not),
 # and the same 12 then ran each at the rate of one alone (15.2k tokens/s on an H200).
 #
+# SET="key=value ...": --set overrides for every run of the pack, probes included (values without
+# spaces), e.g. SET='train.precision="bf16"'.
+#
 # SMOKE=1: the wiring only, on the CPU: no probe, train.max_steps=1, a tiny slice of every split
 # (SMOKE_SETS, set by each pack), evaluation on the same slices.
 #
@@ -71,12 +74,13 @@ add_run() {
 
 # the --set arguments of run I: the device, its own settings, the smoke slices, then any given
 _train_args() {
-  local i=$1 kv sets smoke_sets=()
+  local i=$1 kv sets every_run smoke_sets=()
   shift
   local args=(--set train.device="\"$DEVICE\"" --set train.threads=1 --set train.progress=false)
   read -ra sets <<< "${RUN_SETS[$i]}"
+  read -ra every_run <<< "${SET:-}"
   [[ $SMOKE == 1 ]] && read -ra smoke_sets -d '' <<< "${SMOKE_SETS:-}"
-  for kv in "${sets[@]}" "${smoke_sets[@]}" "$@"; do args+=(--set "$kv"); done
+  for kv in "${sets[@]}" "${every_run[@]}" "${smoke_sets[@]}" "$@"; do args+=(--set "$kv"); done
   printf '%s\0' "${args[@]}"
 }
 
