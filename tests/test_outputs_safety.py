@@ -335,6 +335,19 @@ def test_an_offline_download_names_the_url_it_tried(tmp_path, capsys, monkeypatc
     assert message == f"download of {url} failed: [Errno -3] Temporary failure in name resolution"
 
 
+def test_a_failed_download_removes_the_folders_it_created(tmp_path, capsys, monkeypatch):
+    def offline(url, timeout):
+        raise urllib.error.URLError("offline")
+
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    (tmp_path / "kept").mkdir()
+    rc = main(
+        ["data", "download", "ptb", "--dir", str(tmp_path / "kept" / "new" / "deeper" / "ptb")]
+    )
+    one_error(capsys, rc)
+    assert sorted(tmp_path.rglob("*")) == [tmp_path / "kept"]  # the folder that was there stays
+
+
 def test_tsne_without_scikit_learn_says_how_the_readme_installs_it(monkeypatch):
     from targetlm.analysis.tsne import target_tsne
     from targetlm.data import DataError

@@ -21,6 +21,7 @@ into the token stream, one ``<eos>`` per line.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -588,14 +589,22 @@ def download(name: str, target: Path | None = None) -> Path:
     if not spec.files and spec.archive is None:
         raise DataError(f"dataset {name!r} is generated, not downloaded")
     target = Path(target) if target else cache_dir() / name
+    # the folders this call creates above the target, removed again if the download fails
+    created = [folder for folder in (target.parent, *target.parent.parents) if not folder.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
-        staging = Path(tmp)
-        for filename, remote in spec.files.items():
-            (staging / filename).write_bytes(_fetch(remote))
-        if spec.archive is not None and spec.unpack is not None:
-            spec.unpack(_fetch(spec.archive), staging)
-        target.mkdir(exist_ok=True)
-        for path in staging.iterdir():
-            shutil.move(str(path), target / path.name)
+    try:
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
+            staging = Path(tmp)
+            for filename, remote in spec.files.items():
+                (staging / filename).write_bytes(_fetch(remote))
+            if spec.archive is not None and spec.unpack is not None:
+                spec.unpack(_fetch(spec.archive), staging)
+            target.mkdir(exist_ok=True)
+            for path in staging.iterdir():
+                shutil.move(str(path), target / path.name)
+    except BaseException:
+        for folder in created:  # innermost first; one that is no longer empty stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
     return target
