@@ -147,6 +147,17 @@ def test_finetuning_with_another_model_is_refused(source, tmp_path, capsys):
     assert not (tmp_path / "new").exists()
 
 
+def test_finetuning_from_another_init_from_is_refused(source, tmp_path, capsys):
+    # finetune starts from its RUN_DIR: a second source in --set or --changes is an error
+    rc = finetune(source, tmp_path / "new", *NEW_DOMAIN, f'train.init_from="{tmp_path}"')
+    assert_one_error(capsys, rc, "train.init_from", "RUN_DIR")
+    changes = tmp_path / "changes.toml"
+    changes.write_text(f'[train]\ninit_from = "{tmp_path}"\n')
+    args = ["finetune", str(source), "--run-dir", str(tmp_path / "new"), "--changes", str(changes)]
+    assert_one_error(capsys, main(args), "changes.toml", "train.init_from")
+    assert not (tmp_path / "new").exists()
+
+
 def test_resuming_a_finetuning_run_that_does_not_exist(source, tmp_path, capsys):
     rc = finetune(source, tmp_path / "new", resume=True)
     assert_one_error(capsys, rc, "nothing to resume")

@@ -9,6 +9,7 @@ from pathlib import Path
 from targetlm import builders
 from targetlm import config as config_lib
 from targetlm.cli.train import train_and_report
+from targetlm.registry import ConfigError
 from targetlm.training.trainer import RunDirError
 
 
@@ -17,6 +18,11 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.runs import CONFIG, read_best
 
     source = str(Path(args.source).resolve())
+    if any(kv.partition("=")[0].strip() == "train.init_from" for kv in args.set):
+        raise ConfigError(
+            f"--set train.init_from: finetune starts from its RUN_DIR ({args.source}); "
+            "name the run to start from there"
+        )
     if args.resume:  # the finetuning run's own config: its source and vocabulary are recorded
         if not (args.run_dir / CONFIG).is_file():
             raise RunDirError(f"nothing to resume: {args.run_dir / CONFIG} does not exist")
@@ -31,7 +37,13 @@ def run(args: argparse.Namespace) -> int:
         checkpoint, _, _ = read_best(args.source)
         data = checkpoint["config"]
         if args.changes is not None:
-            data = merge_changes(data, config_lib.load_table(args.changes))
+            changes = config_lib.load_table(args.changes)
+            if "init_from" in changes.get("train", {}):
+                raise ConfigError(
+                    f"{args.changes}: train.init_from: finetune starts from its RUN_DIR "
+                    f"({args.source}); name the run to start from there"
+                )
+            data = merge_changes(data, changes)
         data = config_lib.apply_overrides(data, args.set)
         data.setdefault("train", {})["init_from"] = source
         reuse_tokenizer(checkpoint["config"], data, Path(source))
