@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,75 @@ def test_the_probe_gives_every_arm_the_slowest_runs_budget(tmp_path):
     for call in trains:
         assert f"train.max_steps={cap}" in call, call
     assert not (out / "probe").exists(), "the probes' directories are deleted"
+
+
+# a training run that takes 1 s per 100 steps from its last logged step to the cap, and stops
+# there as the trainer does (a resumable checkpoint, "stopped at max_steps=...")
+CAPPED_STAND_IN = STAND_IN.replace(
+    "case $1 in",
+    r"""if [[ $1 == train ]]; then
+  dir=$(printf '%s\n' "$@" | grep -A1 -x -- --run-dir | tail -n 1)
+  cap=$(printf '%s\n' "$@" | sed -n 's/^train.max_steps=//p' | tail -n 1)
+  from=$(grep -s '"kind": "train"' "$dir/metrics.jsonl" | sed -E 's/.*"step": ([0-9]+).*/\1/')
+  [[ -n $from ]] && echo "resumed $dir at epoch 1, step $from"
+  sleep "$(awk -v a="$cap" -v b="${from:-0}" 'BEGIN { print (a - b) / 100 }')"
+  mkdir -p "$dir"
+  for f in config.toml results.json last.pt best.pt; do echo '{}' > "$dir/$f"; done
+  echo "{\"kind\": \"train\", \"step\": $cap}" > "$dir/metrics.jsonl"
+  [[ ${TARGETLM_OWN_RULE:-0} == 1 ]] || echo "stopped at max_steps=$cap; resumable checkpoint"
+  exit 0
+fi
+case $1 in""",
+)
+
+
+def planned_pack(tmp_path, **env):
+    """The Inan pack (6 runs) with a plan.tsv of 100 steps a run already there (no probe)."""
+    names = PACKS["inan_table1"][0]
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = "".join(f"{name}\t1.00\t100\n" for name in names)
+    (out / "plan.tsv").write_text("name\tsteps_per_s\tmax_steps\n" + rows)
+    settings = {"SMOKE": "0", "DEVICE": "cpu", "BUDGET_MIN": "1", "EVAL_RESERVE_S": "50", **env}
+    completed, calls, out = run_pack(
+        tmp_path, "inan_table1", env=settings, stand_in=CAPPED_STAND_IN
+    )
+    assert completed.returncode == 0, completed.stderr
+    trains = [c for c in calls if c[0] == "train"]
+    caps = [int(next(a for a in c if a.startswith("train.max_steps="))[16:]) for c in trains]
+    return names, trains, caps, calls, out, completed
+
+
+@pytest.mark.slow  # about 10 s of (stand-in) training
+def test_runs_that_reach_the_cap_early_resume_in_another_round_with_the_same_higher_cap(tmp_path):
+    names, trains, caps, calls, out, completed = planned_pack(tmp_path)
+    rounds = [caps[i : i + len(names)] for i in range(0, len(caps), len(names))]
+    assert len(rounds) >= 2 and rounds[0] == [100] * len(names), rounds
+    for previous, current in zip(rounds, rounds[1:]):
+        assert len(set(current)) == 1 and current[0] > previous[0], rounds  # one cap for all
+    # the rounds after the first resume every run; the plan keeps the last cap
+    assert all("--resume" in c for c in trains[len(names) :])
+    plan = (out / "plan.tsv").read_text().splitlines()[1:]
+    assert {line.split("\t")[2] for line in plan} == {str(rounds[-1][0])}
+    # each raise: the round's pace (steps made / its seconds, + 1) x the seconds left x SAFETY
+    made = [b - a for a, b in zip([0] + [r[0] for r in rounds], [r[0] for r in rounds])]
+    said = re.findall(r"round (\d+) reached the cap in (\d+)s with (\d+)s left", completed.stdout)
+    assert len(said) == len(rounds) - 1
+    for (n, took, left), steps, more in zip(said, made, made[1:]):
+        assert more == int(steps / (int(took) + 1) * int(left) * 0.85), (n, steps, took, left)
+    # evaluated once each, after the last round
+    evals = [i for i, c in enumerate(calls) if c[0] == "eval"]
+    assert len(evals) == 2 * len(names) and min(evals) > calls.index(trains[-1])
+
+
+def test_runs_that_stop_by_their_own_rule_train_one_round(tmp_path):
+    names, trains, caps, *_ = planned_pack(tmp_path, TARGETLM_OWN_RULE="1")
+    assert caps == [100] * len(names)
+
+
+def test_extend_0_trains_one_round(tmp_path):
+    names, trains, caps, *_ = planned_pack(tmp_path, EXTEND="0")
+    assert caps == [100] * len(names)
 
 
 def test_a_pack_without_an_output_directory_says_how_to_call_it(tmp_path):

@@ -141,9 +141,13 @@ _probe() {  # sets STEPS[i] from each run's measured step rate
 }
 
 # plan_and_train: size every run (SMOKE: 1 step; a previous plan.tsv: its caps) and train all
-# side by side; exits non-zero, naming the runs, if any failed
+# side by side, in rounds: when the runs reach the cap sooner than planned (the probe, measured
+# while 20-odd processes start, reads slow), the time left goes to another round that resumes
+# every run from its last.pt under a higher cap, the same for every arm (EXTEND=0: one round).
+# A run that stopped by its own rule (epochs, patience) returns at once when resumed. Exits
+# non-zero, naming the runs, if any failed.
 plan_and_train() {
-  local i name
+  local i round=1
   STEPS=()
   if [[ $SMOKE == 1 ]]; then
     for i in "${!RUN_NAMES[@]}"; do STEPS[$i]=1; done
@@ -156,18 +160,30 @@ plan_and_train() {
   else
     _probe
   fi
-  local pids=() names=()
+  while :; do
+    local round_start=$SECONDS
+    _train_round "$round"
+    [[ $SMOKE == 1 || ${EXTEND:-1} == 0 ]] && break
+    _extend "$round" "$((SECONDS - round_start))" || break
+    round=$((round + 1))
+  done
+  echo "$PACK: trained ${#RUN_NAMES[@]} runs in $((SECONDS - START_S))s"
+}
+
+# _train_round ROUND: every run to its cap, side by side: a run with a last.pt resumes from it
+# (a finished run returns at once), any other starts; each log gets a "== round ROUND" header
+_train_round() {
+  local round=$1 i name pids=() names=() failed=0
   for i in "${!RUN_NAMES[@]}"; do
     name=${RUN_NAMES[$i]}
     local dir=$OUT_DIR/runs/$name resume=()
-    [[ -f $dir/results.json ]] && continue
     [[ -f $dir/last.pt ]] && resume=(--resume)
     mapfile -d '' args < <(_train_args "$i" train.max_steps="${STEPS[$i]}")
+    echo "== round $round: train.max_steps=${STEPS[$i]}" >> "$OUT_DIR/logs/$name.txt"
     targetlm train "${RUN_CONFIGS[$i]}" --run-dir "$dir" "${resume[@]}" "${args[@]}" \
-      > "$OUT_DIR/logs/$name.txt" 2>&1 &
+      >> "$OUT_DIR/logs/$name.txt" 2>&1 &
     pids+=($!) names+=("$name")
   done
-  local failed=0
   for i in "${!pids[@]}"; do
     if ! wait "${pids[$i]}"; then
       echo "$PACK: training failed: ${names[$i]} (log: $OUT_DIR/logs/${names[$i]}.txt)" >&2
@@ -175,7 +191,37 @@ plan_and_train() {
     fi
   done
   [[ $failed == 0 ]] || exit 1
-  echo "$PACK: trained ${#RUN_NAMES[@]} runs in $((SECONDS - START_S))s"
+}
+
+# _extend ROUND SECONDS: after a round that took SECONDS, if runs stopped at the cap, raise every
+# run's cap by the steps the round's pace fits into the time left (x SAFETY) and rewrite
+# plan.tsv; fails (no more rounds) when no run stopped at the cap or the gain is under a tenth.
+# The pace: the fewest steps a capped run made in the round over the round's time, start-up
+# included, so no slower than the slowest run's
+_extend() {
+  local round=$1 took=$2 i fewest=-1
+  for i in "${!RUN_NAMES[@]}"; do
+    local log from
+    log=$(awk -v h="== round $round:" 'index($0, h) == 1 { f = 1 } f' "$OUT_DIR/logs/${RUN_NAMES[$i]}.txt")
+    grep -q "^stopped at max_steps=" <<< "$log" || continue
+    # where the round started it: the trainer's "resumed RUN_DIR at epoch E, step S", else 0
+    from=$(sed -nE 's/^resumed .* step ([0-9]+)$/\1/p' <<< "$log" | tail -n 1)
+    local made=$((STEPS[$i] - ${from:-0}))
+    [[ $fewest -lt 0 || $made -lt $fewest ]] && fewest=$made
+  done
+  [[ $fewest -gt 0 ]] || return 1
+  local left=$((BUDGET_S - (SECONDS - START_S) - EVAL_RESERVE_S)) more
+  [[ $left -gt 0 ]] || return 1
+  # took + 1: SECONDS counts whole seconds, so a round took up to a second more than it says
+  more=$(awk -v s="$fewest" -v t="$((took + 1))" -v l="$left" -v f="$SAFETY" 'BEGIN { print int(s / t * l * f) }')
+  if [[ $more -lt $((STEPS[0] / 10)) || $more -lt 1 ]]; then
+    echo "$PACK: round $round ended at the cap with ${left}s left: $more more steps would not pay for another round"
+    return 1
+  fi
+  for i in "${!RUN_NAMES[@]}"; do STEPS[$i]=$((STEPS[$i] + more)); done
+  awk -F'\t' -v OFS='\t' -v m="$more" 'NR > 1 { $3 += m } 1' "$OUT_DIR/plan.tsv" > "$OUT_DIR/plan.tsv.tmp" \
+    && mv "$OUT_DIR/plan.tsv.tmp" "$OUT_DIR/plan.tsv"
+  echo "$PACK: round $round reached the cap in ${took}s with ${left}s left: every run resumes to train.max_steps=${STEPS[0]}"
 }
 
 # eval_lm NAME [EVAL_ARGS ...]: eval-valid.json and eval-test.json of a language-model run, on
@@ -186,7 +232,7 @@ eval_lm() {
   local slices=(--set 'data.valid="valid"' --set 'data.test="test"')
   [[ $SMOKE == 1 ]] && slices=()
   for split in valid test; do
-    [[ -f $dir/eval-$split.json ]] && continue
+    [[ $dir/eval-$split.json -nt $dir/best.pt ]] && continue  # kept unless trained since
     targetlm eval "$dir" --split "$split" "${slices[@]}" "$@" --json \
       > "$dir/eval-$split.json.tmp" 2>> "$OUT_DIR/logs/$name.txt" \
       && mv "$dir/eval-$split.json.tmp" "$dir/eval-$split.json" \

@@ -43,6 +43,9 @@ translate_run() {  # λ chosen on val by BLEU, then test at that λ (heads model
   local source=${name%%-*} rest=${name#*-}
   local target=${rest%%-*}
   [[ $name == *-base-* ]] && return 0
+  for out in "$dir"/translate-*.json; do  # a translation of an earlier best.pt (trained since)
+    [[ -f $out && ! $out -nt $dir/best.pt ]] && rm -f "$out"
+  done
   for lam in ${LAMBDAS:-0.1 0.3 0.5}; do
     out=$dir/translate-val-lambda$lam.json
     [[ -f $out ]] || { targetlm translate "$dir" --input "$data/val.$source" \
