@@ -345,6 +345,22 @@ def test_cli_pretrains_a_wdr_masked_lm_and_finetunes_a_classifier(tmp_path, caps
     name = "encoder.blocks.0.qkv.weight"
     torch.testing.assert_close(body[f"body.{name}"], source[name], atol=2e-3, rtol=0)
 
+    # eval rebuilds the classifier from best.pt: the figures the run wrote at its end
+    capsys.readouterr()
+    assert main(["eval", str(finetuned), "--json"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    for split in ("valid", "test"):
+        expected = {k: v for k, v in results[split].items() if k != "labels"}
+        assert evaluated[split] == pytest.approx(expected), split
+    assert main(["eval", str(finetuned), "--split", "test"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"test: accuracy {results['test']['accuracy']:.4f}, macro_f1 ")
+    assert line.endswith("over 8 examples")
+    for bad in (["--file", str(glue / "dev.tsv")], ["--ensemble-lambda", "0.2"], ["--head-top1"]):
+        assert main(["eval", str(finetuned), *bad]) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "classifier run" in err[0], err
+
 
 def test_data_info_glue_counts_the_local_files(tmp_path, capsys):
     _write_toy_sst2(tmp_path / "SST-2")

@@ -17,8 +17,10 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from targetlm import builders
 from targetlm import config as config_lib
@@ -41,7 +43,7 @@ CONFIG, VOCAB, METRICS, LAST, BEST, RESULTS, REPORT = (
 TOKENIZER = TOKENIZER_FILE  # written beside vocab.txt by Vocabulary.save
 
 
-def load_state_into(model: LanguageModel, state: dict, vocab: Vocabulary, where: str) -> None:
+def load_state_into(model: nn.Module, state: dict, vocab: Vocabulary, where: str) -> None:
     """Load a model state dict, with one clear error naming the first part that does not fit
     (another vocabulary, another backbone, heads of another size)."""
     own = model.state_dict()
@@ -111,6 +113,46 @@ def load_run(
     return config, vocab, model.to(device), checkpoint
 
 
+def wraps_model(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` is a run whose task wraps the language model (``Task.wraps_model``:
+    a classifier), read from its config.toml; False where there is none to read (the caller's
+    loading then says what is wrong)."""
+    from targetlm.tasks import TASKS
+
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        return False
+    try:
+        kind = config_lib.load(path).task.kind
+        return bool(getattr(TASKS.get(kind), "wraps_model", False))
+    except (ConfigError, OSError, ValueError):
+        return False
+
+
+def load_wrapped_run(
+    run_dir: str | Path, overrides: Sequence[str] = ()
+) -> tuple[Config, Any, Any, nn.Module]:
+    """A run whose task wraps the language model (a classifier), from its best checkpoint: its
+    config, task, the task's data read with the run's vocabulary, and the wrapped model (eval
+    mode, on ``train.device`` or the CPU where that is missing)."""
+    from targetlm.tasks import build_task
+
+    checkpoint, vocab, path = read_best(run_dir)
+    config = builders.config_from_dict(
+        config_lib.apply_overrides(checkpoint["config"], list(overrides))
+    )
+    task = build_task(config)
+    device = available_device(config.train.device)
+    config = dataclasses.replace(
+        config, train=dataclasses.replace(config.train, device=str(device))
+    )
+    data = task.load_data(config, vocab, lambda message: None)
+    model = task.model_to_train(build_model(config.model, vocab.itos), data, config)
+    load_state_into(model, checkpoint["model"], vocab, str(path))
+    model.eval()
+    return config, task, data, model.to(device)
+
+
 def check_task(config: Config, streams: bool | None, where: str, what: str) -> None:
     """Refuse a run (or config) whose task the command cannot read: ``streams`` True: a
     language-model command (its task is a :class:`~targetlm.tasks.StreamTask`), False: a
@@ -122,7 +164,7 @@ def check_task(config: Config, streams: bool | None, where: str, what: str) -> N
     if task.wraps_model:
         raise ConfigError(
             f"{where} is a {config.task.kind!r} {what}: this command reads language models, not "
-            "a model around one (a run's figures on valid and test are in its results.json)"
+            "a model around one (`targetlm eval` gives a run's figures on valid and test)"
         )
     if streams is None:
         return

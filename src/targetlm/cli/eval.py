@@ -8,6 +8,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import torch
+
 from targetlm.cli.common import (
     ENSEMBLE_LAMBDAS,
     add_scoring_options,
@@ -48,11 +50,13 @@ def run(args: argparse.Namespace) -> int:
     """Run ``targetlm eval``; returns the exit status."""
     from targetlm.inference import evaluate_ensemble, evaluate_stream, head_top1
     from targetlm.inference.evaluate import per_word, perplexity
-    from targetlm.runs import load_run
+    from targetlm.runs import load_run, wraps_model
 
     combiners = combiners_from_args(args)
     if args.file is not None and args.split is not None:
         raise ConfigError("--file and --split exclude each other: evaluate a file or a split")
+    if wraps_model(args.run_dir):
+        return _eval_wrapped(args)
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), streams=None)
     task = build_task(config)
     if isinstance(task, SentencePairTask):  # its splits, with the task's figures
@@ -162,6 +166,40 @@ def _eval_pairs(args: argparse.Namespace, task: SentencePairTask, config, vocab,
         return 0
     for split, result in results.items():
         print(task.describe(split, result))
+    return 0
+
+
+def _eval_wrapped(args: argparse.Namespace) -> int:
+    """A run whose model wraps a language model (a classifier) on valid and test (or
+    ``--split``): the task's figures (accuracy, macro-F1, ...), from its best checkpoint."""
+    from targetlm.runs import load_wrapped_run
+
+    if args.file is not None or combiners_from_args(args) is not None or args.ensemble_lambda:
+        raise ConfigError(
+            f"{args.run_dir} is a classifier run, evaluated on its labelled splits: --file, "
+            "--ensemble-lambda and the scoring options are for language models"
+        )
+    if args.head_top1 or args.split == "train":
+        raise ConfigError(
+            f"{args.run_dir} is a classifier run: "
+            + ("--head-top1 reads N-gram heads" if args.head_top1 else "--split is valid or test")
+        )
+    config, task, data, model = load_wrapped_run(args.run_dir, eval_overrides(args))
+    device = torch.device(config.train.device)
+    results = {
+        split: task.evaluate(model, data, split, None, config, device)
+        for split in ([args.split] if args.split else ["valid", "test"])
+    }
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    for split, result in results.items():
+        figures = ", ".join(
+            f"{k} {result[k]:.4f}"
+            for k in ("accuracy", "macro_f1", "f1", "matthews")
+            if k in result
+        )
+        print(f"{split}: {figures} over {result['examples']:,} examples")
     return 0
 
 
