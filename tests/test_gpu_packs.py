@@ -232,6 +232,10 @@ CAPPED_STAND_IN = STAND_IN.replace(
   dir=$(printf '%s\n' "$@" | grep -A1 -x -- --run-dir | tail -n 1)
   cap=$(printf '%s\n' "$@" | sed -n 's/^train.max_steps=//p' | tail -n 1)
   from=$(grep -s '"kind": "train"' "$dir/metrics.jsonl" | sed -E 's/.*"step": ([0-9]+).*/\1/')
+  if [[ $from == "$cap" && -f $dir/results.json ]]; then
+    echo "$dir is finished (results.json); nothing to resume"
+    exit 0
+  fi
   [[ -n $from ]] && echo "resumed $dir at epoch 1, step $from"
   sleep "$(awk -v a="$cap" -v b="${from:-0}" 'BEGIN { print (a - b) / 100 }')"
   mkdir -p "$dir"
@@ -281,6 +285,19 @@ def test_runs_that_reach_the_cap_early_resume_in_another_round_with_the_same_hig
     # evaluated once each, after the last round
     evals = [i for i, c in enumerate(calls) if c[0] == "eval"]
     assert len(evals) == 2 * len(names) and min(evals) > calls.index(trains[-1])
+
+
+@pytest.mark.slow  # about 10 s of (stand-in) training
+def test_a_finished_pack_called_again_trains_nothing_more(tmp_path):
+    names, trains, caps, _, out, completed = planned_pack(tmp_path)
+    plan = (out / "plan.tsv").read_text()
+    settings = {"SMOKE": "0", "DEVICE": "cpu", "BUDGET_MIN": "1", "EVAL_RESERVE_S": "50"}
+    again, calls, _ = run_pack(tmp_path, "inan_table1", env=settings, stand_in=CAPPED_STAND_IN)
+    assert again.returncode == 0, again.stderr
+    assert "reached the cap" not in again.stdout
+    assert (out / "plan.tsv").read_text() == plan
+    resumed = [c for c in calls if c[0] == "train"]
+    assert len(resumed) == len(names) and all(f"train.max_steps={caps[-1]}" in c for c in resumed)
 
 
 def test_runs_that_stop_by_their_own_rule_train_one_round(tmp_path):

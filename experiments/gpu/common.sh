@@ -8,10 +8,11 @@
 # their directories deleted, and every real run gets the same train.max_steps (the same budget
 # for every arm): the slowest run's rate x the time left (budget - time spent - EVAL_RESERVE_S for
 # the final evaluation) x SAFETY (default 0.85: start-up and the per-epoch validation, which the
-# probe does not see). A run still stops earlier at its preset's epochs or stopping rule; the cap
-# is printed and kept in OUT_DIR/plan.tsv, so a second call resumes the same plan (runs with a
-# last.pt continue with --resume, finished ones are kept). A run that stops at the cap inside an
-# epoch is evaluated at its best validated checkpoint (presets validate once per epoch).
+# probe does not see). A run still stops earlier at its preset's epochs or stopping rule. When the
+# runs reach the cap with time left, further rounds raise it (plan_and_train). The cap is printed
+# and kept in OUT_DIR/plan.tsv, so a second call resumes the same plan (every run with a last.pt
+# is resumed; a finished one returns at once). A run that stops at the cap inside an epoch is
+# evaluated at its best validated checkpoint (presets validate once per epoch).
 #
 # The runs are separate processes on one GPU: without NVIDIA's Multi-Process Service their
 # kernels take turns, time-sliced (12 Inan LSTMs side by side ran at 11 steps/s each, about half
@@ -24,7 +25,8 @@
 # SMOKE=1: the wiring only, on the CPU: no probe, train.max_steps=1, a tiny slice of every split
 # (SMOKE_SETS, set by each pack), evaluation on the same slices.
 #
-# Layout: OUT_DIR/runs/NAME (the run directories, checkpoints included), OUT_DIR/logs/NAME.txt,
+# Layout: OUT_DIR/runs/NAME (the run directories, checkpoints included), OUT_DIR/logs/NAME.txt
+# (appended to by every call and round),
 # OUT_DIR/records/NAME (config.toml, results.json, metrics.jsonl, eval-*.json, translate-*.json:
 # no checkpoints), the input of `targetlm compare OUT_DIR/records`.
 #
@@ -174,12 +176,14 @@ plan_and_train() {
 # (a finished run returns at once), any other starts; each log gets a "== round ROUND" header
 _train_round() {
   local round=$1 i name pids=() names=() failed=0
+  ROUND_LOG_LINE=()  # where this round's part of each log starts (logs are appended to)
   for i in "${!RUN_NAMES[@]}"; do
     name=${RUN_NAMES[$i]}
     local dir=$OUT_DIR/runs/$name resume=()
     [[ -f $dir/last.pt ]] && resume=(--resume)
     mapfile -d '' args < <(_train_args "$i" train.max_steps="${STEPS[$i]}")
     echo "== round $round: train.max_steps=${STEPS[$i]}" >> "$OUT_DIR/logs/$name.txt"
+    ROUND_LOG_LINE[$i]=$(wc -l < "$OUT_DIR/logs/$name.txt")
     targetlm train "${RUN_CONFIGS[$i]}" --run-dir "$dir" "${resume[@]}" "${args[@]}" \
       >> "$OUT_DIR/logs/$name.txt" 2>&1 &
     pids+=($!) names+=("$name")
@@ -195,18 +199,19 @@ _train_round() {
 
 # _extend ROUND SECONDS: after a round that took SECONDS, if runs stopped at the cap, raise every
 # run's cap by the steps the round's pace fits into the time left (x SAFETY) and rewrite
-# plan.tsv; fails (no more rounds) when no run stopped at the cap or the gain is under a tenth.
-# The pace: the fewest steps a capped run made in the round over the round's time, start-up
-# included, so no slower than the slowest run's
+# plan.tsv; fails (no more rounds) when no run trained up to the cap in this round or the gain
+# is under a tenth. The pace: the fewest steps a capped run made in the round over the round's
+# time, start-up included, so no faster than the slowest run's
 _extend() {
   local round=$1 took=$2 i fewest=-1
   for i in "${!RUN_NAMES[@]}"; do
     local log from
-    log=$(awk -v h="== round $round:" 'index($0, h) == 1 { f = 1 } f' "$OUT_DIR/logs/${RUN_NAMES[$i]}.txt")
+    log=$(tail -n "+$((ROUND_LOG_LINE[$i] + 1))" "$OUT_DIR/logs/${RUN_NAMES[$i]}.txt")
     grep -q "^stopped at max_steps=" <<< "$log" || continue
     # where the round started it: the trainer's "resumed RUN_DIR at epoch E, step S", else 0
     from=$(sed -nE 's/^resumed .* step ([0-9]+)$/\1/p' <<< "$log" | tail -n 1)
     local made=$((STEPS[$i] - ${from:-0}))
+    [[ $made -gt 0 ]] || continue  # already at the cap (killed before its results)
     [[ $fewest -lt 0 || $made -lt $fewest ]] && fewest=$made
   done
   [[ $fewest -gt 0 ]] || return 1
@@ -258,6 +263,7 @@ save_records() {
   local name file
   for name in "${RUN_NAMES[@]}"; do
     mkdir -p "$OUT_DIR/records/$name"
+    rm -f "$OUT_DIR/records/$name"/{eval,translate}-*.json  # an earlier call's, maybe stale
     for file in "$OUT_DIR/runs/$name"/{config.toml,results.json,metrics.jsonl,eval-*.json,translate-*.json}; do
       [[ -f $file ]] && cp "$file" "$OUT_DIR/records/$name/"
     done
