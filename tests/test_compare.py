@@ -355,6 +355,30 @@ def test_plot_draws_learning_curves_and_the_lambda_sweep(tmp_path, capsys):
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_group_has_one_colour_in_both_panels(tmp_path, capsys, monkeypatch):
+    # base draws a learning curve but no λ sweep: the heads group keeps its colour anyway
+    for name in ("base-s1", "sim-s1"):
+        lambdas = {} if name.startswith("base") else {0.0: 50.0, 0.2: 45.0}
+        make_run(
+            tmp_path / "runs", name, seed=1, results=lm_results(0, 0),
+            eval_valid=lm_eval(50.0, lambdas), eval_test=lm_eval(52.0, lambdas),
+            valid_log=[(10, 1, 80.0), (20, 2, 60.0)],
+        )  # fmt: skip
+    drawn = {}
+
+    def keep(path, figure):
+        for i, axis in enumerate(figure.axes):
+            drawn[i] = {line.get_label(): line.get_color() for line in axis.lines}
+
+    monkeypatch.setattr("targetlm.compare.write_figure", keep)
+    status, _, err = run_cli(
+        capsys, str(tmp_path / "runs"), "--lambda-on", "valid", "--plot", str(tmp_path / "c.png")
+    )
+    assert status == 0, err
+    assert set(drawn[0]) == {"base", "sim"} and set(drawn[1]) == {"sim"}
+    assert drawn[1]["sim"] == drawn[0]["sim"] != drawn[0]["base"]
+
+
 # docs/results.md, "Base vs WDR vs WDR + the head ensemble": rows of the committed records as
 # the collector script printed them: (label, direction, length, K) -> base, WDR λ 0, WDR λ 0.1
 # (mean ± sd test BLEU over seeds), ensemble − base

@@ -928,6 +928,11 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
     sweeps = [row for row in rows if any(lam is not None for lam in row.lambdas)]
     fig, axes = plt.subplots(1, 2 if sweeps else 1, figsize=(11 if sweeps else 6, 4))
     axes = list(axes) if sweeps else [axes]
+    # one colour per group in both panels (base draws no λ sweep); one line style per decoding
+    names = dict.fromkeys(row.group.name for row in rows)
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    decodings = dict.fromkeys(row.decoding for row in sweeps)
+    styles = {d: ("-", "--", ":", "-.")[i % 4] for i, d in enumerate(decodings)}
     seen = set()
     for row in rows:
         if row.group.name in seen:
@@ -940,10 +945,12 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
         if not steps:
             continue
         values = [[c[s] for c in curves] for s in steps]
-        line = axes[0].plot(steps, [statistics.fmean(v) for v in values], label=row.group.name)
+        color = colors[row.group.name]
+        axes[0].plot(
+            steps, [statistics.fmean(v) for v in values], color=color, label=row.group.name
+        )
         axes[0].fill_between(
-            steps, [min(v) for v in values], [max(v) for v in values],
-            color=line[0].get_color(), alpha=0.2,
+            steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2,
         )  # fmt: skip
     axes[0].set(xlabel="step", ylabel="valid ppl", title="learning curves (mean, min–max)")
     axes[0].set_yscale("log")
@@ -957,10 +964,13 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
             continue
         values = [[g[lam] for g in grids] for lam in lambdas]
         name = row.group.name + (f" ({row.decoding})" if row.decoding else "")
-        line = axes[1].plot(lambdas, [statistics.fmean(v) for v in values], "o-", label=name)
+        color = colors[row.group.name]
+        axes[1].plot(
+            lambdas, [statistics.fmean(v) for v in values], marker="o",
+            linestyle=styles[row.decoding], color=color, label=name,
+        )  # fmt: skip
         axes[1].fill_between(
-            lambdas, [min(v) for v in values], [max(v) for v in values],
-            color=line[0].get_color(), alpha=0.2,
+            lambdas, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2,
         )  # fmt: skip
     if sweeps:
         metric = rows[0].metric
