@@ -445,7 +445,7 @@ def test_every_head_kind_trains_with_the_ngram_loss_on_every_output(kind, output
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
-    lookup = speculative.PromptLookup([[5, 1, 2, 3, 9, 1, 2, 4, 7, 8]], max_ngram=3)
+    lookup = speculative.PromptLookup([[5, 1, 2, 3, 9, 1, 2, 4, 7, 8]], max_ngram=3, min_ngram=1)
     assert lookup.propose(0, 1, 3) == [2, 4, 7]  # "1" last followed by 2 4 7
     lookup.append(0, [3, 1])
     assert lookup.propose(0, 2, 2) == [4, 7]  # "1 2" last at positions 5-6
@@ -459,10 +459,19 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_match():
 
 
 def test_prompt_lookup_drafts_a_loop_as_far_as_asked():
-    lookup = speculative.PromptLookup([[7, 4, 5, 6, 4, 5, 6, 4]], max_ngram=3)
+    lookup = speculative.PromptLookup([[7, 4, 5, 6, 4, 5, 6, 4]], max_ngram=3, min_ngram=1)
     # "4 5 6" ... "4" then d_0 = 5: the latest "4 5" is followed by 6 4 5 (the end), then on
     assert lookup.propose(0, 5, 7) == [6, 4, 5, 6, 4, 5, 6]
     assert lookup.propose(0, 9, 7) == []
+
+
+def test_prompt_lookup_drafts_from_two_repeated_tokens_by_default():
+    text = [5, 1, 2, 3, 9, 1]
+    # d_0 = 9: only the single token "9" occurred before (then 1): no draft by default
+    assert speculative.PromptLookup([text]).propose(0, 9, 3) == []
+    assert speculative.PromptLookup([text], min_ngram=1).propose(0, 9, 3) == [1, 9, 1]
+    # d_0 = 2: "1 2" occurred at 1-2, followed by 3 9 1
+    assert speculative.PromptLookup([text]).propose(0, 2, 3) == [3, 9, 1]
 
 
 # --- bad input ------------------------------------------------------------------------------

@@ -129,11 +129,17 @@ class PromptLookup:
     row's draft is what followed the latest earlier occurrence of its last n tokens (d_0
     included), the longest n ≤ ``max_ngram`` that occurred, down to ``min_ngram``.
 
+    ``min_ngram`` is 2 where Saxena's code and transformers go down to a single token: a draft
+    after one repeated token keeps fewer tokens than the wide verification it costs. On
+    SmolLM2-135M (``benchmarks/lookup.py``: 12 prompts, batch 1, 10 drafted tokens) 2 was faster
+    than 1 in every round (docs/results.md, "Prompt lookup: no draft from a single repeated
+    token").
+
     An index per row maps every n-gram of its text to the position after its latest
     occurrence, updated as tokens are appended, so a proposal costs ``max_ngram`` look-ups.
     """
 
-    def __init__(self, texts: Sequence[Sequence[int]], max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, texts: Sequence[Sequence[int]], max_ngram: int = 3, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
