@@ -97,20 +97,26 @@ def load_run(
     if Path(run_dir).is_file():  # a config file: its model before any training
         return configured_model(Path(run_dir), overrides, streams)
     checkpoint, vocab, path = read_best(run_dir)
-    config = builders.config_from_dict(
-        config_lib.apply_overrides(checkpoint["config"], list(overrides))
-    )
+    config = _run_config(checkpoint, overrides)
     check_task(config, streams, str(run_dir), "run")
     vocab.tokenizer = load_tokenizer(config.data, Path(run_dir), vocab)
-    device = available_device(config.train.device)
-    if str(device) != config.train.device:
-        config = dataclasses.replace(
-            config, train=dataclasses.replace(config.train, device=str(device))
-        )
+    device = torch.device(config.train.device)
     model = build_model(config.model, vocab.itos)
     load_state_into(model, checkpoint["model"], vocab, str(path))
     model.eval()
     return config, vocab, model.to(device), checkpoint
+
+
+def _run_config(checkpoint: dict, overrides: Sequence[str]) -> Config:
+    """A checkpoint's config with ``overrides``, its ``train.device`` where the model will be
+    (the CPU, with a warning, for a run trained on a GPU that is missing here)."""
+    config = builders.config_from_dict(
+        config_lib.apply_overrides(checkpoint["config"], list(overrides))
+    )
+    device = str(available_device(config.train.device))
+    if device != config.train.device:
+        config = dataclasses.replace(config, train=dataclasses.replace(config.train, device=device))
+    return config
 
 
 def wraps_model(run_dir: str | Path) -> bool:
@@ -138,14 +144,9 @@ def load_wrapped_run(
     from targetlm.tasks import build_task
 
     checkpoint, vocab, path = read_best(run_dir)
-    config = builders.config_from_dict(
-        config_lib.apply_overrides(checkpoint["config"], list(overrides))
-    )
+    config = _run_config(checkpoint, overrides)
     task = build_task(config)
-    device = available_device(config.train.device)
-    config = dataclasses.replace(
-        config, train=dataclasses.replace(config.train, device=str(device))
-    )
+    device = torch.device(config.train.device)
     data = task.load_data(config, vocab, lambda message: None)
     model = task.model_to_train(build_model(config.model, vocab.itos), data, config)
     load_state_into(model, checkpoint["model"], vocab, str(path))

@@ -194,12 +194,7 @@ def _eval_wrapped(args: argparse.Namespace) -> int:
         print(json.dumps(results))
         return 0
     for split, result in results.items():
-        figures = ", ".join(
-            f"{k} {result[k]:.4f}"
-            for k in ("accuracy", "macro_f1", "f1", "matthews")
-            if k in result
-        )
-        print(f"{split}: {figures} over {result['examples']:,} examples")
+        print(task.describe(split, result))
     return 0
 
 

@@ -349,13 +349,17 @@ class SequenceClassificationTask(Task[SequenceClassifier]):
     ) -> dict[str, Any]:
         """:meth:`score`'s figures and the label names (logged: the metrics)."""
         result = self.evaluate(model, data, split, objective, config, device)
+        log(self.describe(split, result))
+        return {**result, "labels": list(data.corpus)}
+
+    def describe(self, split: str, result: dict[str, Any]) -> str:
+        """One line of ``split``'s figures (:meth:`score`'s)."""
         figures = ", ".join(
             f"{k} {result[k]:.4f}"
             for k in ("accuracy", "macro_f1", "f1", "matthews")
             if k in result
         )
-        log(f"{split}: {figures} ({result['examples']} examples)")
-        return {**result, "labels": list(data.corpus)}
+        return f"{split}: {figures} over {result['examples']:,} examples"
 
     def summary(self, results: dict[str, Any]) -> list[str]:
         """Test accuracy and macro-F1 (the perplexity is exp of the labels' cross entropy)."""
