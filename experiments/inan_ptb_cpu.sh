@@ -16,6 +16,10 @@
 # per-epoch schedule that is the paper's run at the same cost per step (53,120 steps for the
 # 40 epochs, about 2.6 hours on one thread). A run whose directory has a last.pt continues
 # from it, so a run cut short by the end of a session resumes where it stopped.
+# SET="key=value ..." adds --set overrides, e.g. a schedule compressed to fit a session (with
+# RUNS=DIR so such runs get a directory of their own):
+#   RUNS=runs/inan-ptb-22ep EPOCHS=22 SET="train.decay_start=3 train.decay_factor=0.82" TOKENS=0
+# is the 40-epoch schedule's last rate (0.9^35 = 0.025) reached in 22 epochs (0.82^19 = 0.023).
 # One run per call, one thread:
 #   bash experiments/inan_ptb_cpu.sh METHOD SEED  (METHOD: base, al, re, real, re-bias, base-nobias)
 set -euo pipefail
@@ -36,6 +40,7 @@ case $method in
   re-bias) preset=re extra+=(--set model.output.bias=true) ;;
   base-nobias) preset=base extra+=(--set model.output.bias=false) ;;
 esac
+for override in ${SET:-}; do extra+=(--set "$override"); done
 dir="$root/$method-s$seed"
 train_or_resume "$dir" "configs/inan-small-ptb-$preset.toml" "${extra[@]}" \
   --set train.seed="$seed" --set data.train_tokens="${TOKENS:-50000}" \
