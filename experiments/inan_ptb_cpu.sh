@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 10: Inan et al. 2017 Table 1, PTB small (inan-small-ptb-{base,al,re,real}) in the CPU
-# regime: the presets unchanged (VD-LSTM 2x200 with recurrent dropout 0.7 tied to the output
+# regime: the presets unchanged (VD-LSTM 2x200 with recurrent dropout 0.3 tied to the output
 # masks, SGD lr 1 decayed by 0.9 per epoch after epoch 5, clip 5, BPTT 35, batch 20, tau 20,
 # gamma 0.5, RE/REAL without output bias) on the first TOKENS training tokens (default 50k)
 # for EPOCHS epochs (default 40, the presets' budget), validated every epoch on the first
@@ -18,8 +18,9 @@
 # from it, so a run cut short by the end of a session resumes where it stopped.
 # SET="key=value ..." adds --set overrides, e.g. a schedule compressed to fit a session (with
 # RUNS=DIR so such runs get a directory of their own):
-#   RUNS=runs/inan-ptb-22ep EPOCHS=22 SET="train.decay_start=3 train.decay_factor=0.82" TOKENS=0
-# is the 40-epoch schedule's last rate (0.9^35 = 0.025) reached in 22 epochs (0.82^19 = 0.023).
+#   RUNS=runs/inan-ptb-15ep EPOCHS=15 SET="train.decay_start=3 train.decay_factor=0.75" TOKENS=0
+# is lr 1 through epoch 3, then x0.75 an epoch to 0.032 at epoch 15 (the 40-epoch schedule ends
+# at 0.9^35 = 0.025).
 # One run per call, one thread:
 #   bash experiments/inan_ptb_cpu.sh METHOD SEED  (METHOD: base, al, re, real, re-bias, base-nobias)
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Inan et al. 2017 Table 1, PTB small on one GPU: inan-small-ptb-{base,al,re,real} unchanged
-# (VD-LSTM 2 x 200, dropout 0.7, SGD lr 1 decayed x0.9 per epoch after epoch 5, 40 epochs) on all
+# (VD-LSTM 2 x 200, dropout 0.3, SGD lr 1 decayed x0.9 per epoch after epoch 5, 40 epochs) on all
 # of PTB, seeds SEEDS (default 1 2), 12 runs side by side (the controls below included), each capped by train.max_steps to fit
 # the 25-minute budget (experiments/gpu/common.sh: the step rate measured in the first minute;
 # the per-epoch decay stays per epoch, so a cap below 40 epochs ends before the rate is small);
