@@ -12,9 +12,9 @@ numbers are recorded per kernel set (:func:`kernel_set`: torch's CPU capability,
 where the CPU has Intel's matrix extensions, on which MKL takes other paths), each from the same
 code: the commit before the one-trainer redesign (70fce30). ``AVX512`` was recorded on the
 AVX-512 Xeon of the earlier sessions (without AMX, we infer: an AMX machine running the same
-code does not reproduce its numbers); ``AVX512-AMX`` on an AVX-512 + AMX Xeon, by
-running this file's ``--record`` with that commit's ``src`` on the path (the code of the
-redesign reproduces both). On a CPU of another kernel set the test is skipped and says so.
+code does not reproduce its numbers); ``AVX512-AMX`` on an AVX-512 + AMX Xeon and ``AVX512-AMD`` on an AVX-512 AMD EPYC (which
+does not reproduce the Xeon's ``AVX512`` numbers), each by running this file's ``--record``
+with that commit's ``src`` on the path (the code of the redesign reproduces all three). On a CPU of another kernel set the test is skipped and says so.
 Record again (only for an intended change of the numbers, or to add this CPU's kernel set
 from the commit before a change) with ``python tests/test_bit_identity.py --record``.
 """
@@ -238,6 +238,8 @@ def kernel_set() -> str:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:  # not Linux: the capability alone
         return capability
+    if "AuthenticAMD" in flags:  # MKL takes other paths on AMD's CPUs at the same capability
+        return f"{capability}-AMD"
     return f"{capability}-AMX" if "amx_tile" in flags else capability
 
 
