@@ -8,13 +8,14 @@ evaluation that moves any number by one ulp fails here.
 
 The bits depend on the CPU's kernels as well as on the code: torch and MKL choose their code
 paths by what the CPU offers, and those paths' float results differ in the last bits. So the
-numbers are recorded per kernel set (:func:`kernel_set`: torch's CPU capability, plus ``AMX``
-where the CPU has Intel's matrix extensions, on which MKL takes other paths), each from the same
-code: the commit before the one-trainer redesign (70fce30). ``AVX512`` was recorded on the
-AVX-512 Xeon of the earlier sessions (without AMX, we infer: an AMX machine running the same
-code does not reproduce its numbers); ``AVX512-AMX`` on an AVX-512 + AMX Xeon and ``AVX512-AMD`` on an AVX-512 AMD EPYC (which
-does not reproduce the Xeon's ``AVX512`` numbers), each by running this file's ``--record``
-with that commit's ``src`` on the path (the code of the redesign reproduces all three). On a CPU of another kernel set the test is skipped and says so.
+numbers are recorded per kernel set (:func:`kernel_set`: torch's CPU capability, plus ``AMD``
+on AMD's CPUs or ``AMX`` where the CPU has Intel's matrix extensions, on both of which MKL takes
+other paths), each from the same code: the commit before the one-trainer redesign (70fce30).
+``AVX512`` was recorded on the AVX-512 Xeon of the earlier sessions (without AMX, we infer: an AMX machine running the same
+code does not reproduce its numbers); ``AVX512-AMX`` on an AVX-512 + AMX Xeon; ``AVX512-AMD``
+on an AVX-512 AMD EPYC (which does not reproduce the Xeon's ``AVX512`` numbers), each by
+running this file's ``--record`` with that commit's ``src`` on the path (the code of the
+redesign reproduces all three). On a CPU of another kernel set the test is skipped and says so.
 Record again (only for an intended change of the numbers, or to add this CPU's kernel set
 from the commit before a change) with ``python tests/test_bit_identity.py --record``.
 """
@@ -231,8 +232,8 @@ def run_case(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict
 
 
 def kernel_set() -> str:
-    """The CPU code paths torch and MKL take (e.g. ``AVX2``, ``AVX512``, ``AVX512-AMX``): the
-    key of a record."""
+    """The CPU code paths torch and MKL take (e.g. ``AVX2``, ``AVX512``, ``AVX512-AMX``,
+    ``AVX512-AMD``): the key of a record."""
     capability = torch.backends.cpu.get_cpu_capability()
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
