@@ -1,6 +1,10 @@
 # Shared by the experiment scripts: the reduced CPU budget every compared run gets.
 # TOKENS training tokens (default 300k of PTB's 930k), EPOCHS epochs (default 1), lr halved
 # after every epoch, one thread (so two runs share the 2 cores side by side).
+# The evaluations after training run on one thread too: torch's default (a thread per core)
+# beside another run oversubscribes the cores, and its small per-step matmuls then wait on each
+# other (all of PTB's valid beside training runs: 34 s to 3.5 min on 2 threads, 13 s on one).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 tokens=${TOKENS:-300000}
 epochs=${EPOCHS:-1}
 
