@@ -1,7 +1,8 @@
 """``targetlm compare``: fake run directories in tmp_path (config.toml written by the project's
 config writer, results.json, eval-*.json, translate-*.json, metrics.jsonl) checked against
-hand computations, every bad input as one error line, and the committed diffusion records
-against the numbers of docs/results.md's text-diffusion table."""
+hand computations, every bad input as one error line, the committed diffusion records
+against the numbers of docs/results.md's text-diffusion table, and every results.md table that
+sits under a ``targetlm compare docs/records/...`` command against what that command prints."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import csv
 import io
 import json
 import math
+import shlex
 from pathlib import Path
 
 import pytest
@@ -437,3 +439,53 @@ def test_committed_heo_records_reproduce_the_paired_table(capsys, baseline):
     shown = [round(row["difference"][key], 2) for key in ("delta", "low", "high")]
     assert shown == pytest.approx([delta, low, high])
     assert row["difference"]["paired_seeds"] == [1, 2, 3]
+
+
+def printed_tables() -> list[tuple[int, list[str], list[str]]]:
+    """(line, arguments, table lines) for each ``targetlm compare docs/records/...`` line of an
+    ``sh`` block in docs/results.md, paired with the first markdown table after that block."""
+    lines = (REPO / "docs" / "results.md").read_text(encoding="utf-8").splitlines()
+    found, block, start = [], None, 0
+    for number, line in enumerate(lines):
+        if line.startswith("```"):
+            if block is None and line.strip() == "```sh":
+                block, start = [], number
+            elif block is not None:
+                commands = [c for c in block if c.startswith("targetlm compare docs/records/")]
+                assert len(commands) <= 1, (
+                    f"docs/results.md line {start + 1}: one compare per block"
+                )
+                if commands:
+                    at = next(i for i in range(number + 1, len(lines)) if lines[i].startswith("|"))
+                    end = next(
+                        i
+                        for i in range(at, len(lines) + 1)
+                        if i == len(lines) or not lines[i].startswith("|")
+                    )
+                    argv = shlex.split(commands[0].split("#")[0])[2:]
+                    found.append((start + 1, argv, lines[at:end]))
+                block = None
+            continue
+        if block is not None:
+            block.append(line.strip())
+    return found
+
+
+def test_results_md_has_compare_tables_to_check():
+    assert len(printed_tables()) >= 5
+
+
+@pytest.mark.parametrize(
+    ("line", "argv", "table"),
+    [pytest.param(*case, id=f"line{case[0]}") for case in printed_tables()],
+)
+def test_each_results_md_table_is_what_its_compare_command_prints_from_the_records(
+    capsys, monkeypatch, line, argv, table
+):
+    monkeypatch.chdir(REPO)
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, err
+    printed = [row for row in out.splitlines() if row.startswith("|")]
+    assert printed == table, (
+        f"docs/results.md line {line}: the table under `targetlm compare {' '.join(argv)}` is stale"
+    )
