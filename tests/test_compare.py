@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 import shlex
 from pathlib import Path
 
@@ -444,30 +445,16 @@ def test_committed_heo_records_reproduce_the_paired_table(capsys, baseline):
 def printed_tables() -> list[tuple[int, list[str], list[str]]]:
     """(line, arguments, table lines) for each ``targetlm compare docs/records/...`` line of an
     ``sh`` block in docs/results.md, paired with the first markdown table after that block."""
-    lines = (REPO / "docs" / "results.md").read_text(encoding="utf-8").splitlines()
-    found, block, start = [], None, 0
-    for number, line in enumerate(lines):
-        if line.startswith("```"):
-            if block is None and line.strip() == "```sh":
-                block, start = [], number
-            elif block is not None:
-                commands = [c for c in block if c.startswith("targetlm compare docs/records/")]
-                assert len(commands) <= 1, (
-                    f"docs/results.md line {start + 1}: one compare per block"
-                )
-                if commands:
-                    at = next(i for i in range(number + 1, len(lines)) if lines[i].startswith("|"))
-                    end = next(
-                        i
-                        for i in range(at, len(lines) + 1)
-                        if i == len(lines) or not lines[i].startswith("|")
-                    )
-                    argv = shlex.split(commands[0].split("#")[0])[2:]
-                    found.append((start + 1, argv, lines[at:end]))
-                block = None
-            continue
-        if block is not None:
-            block.append(line.strip())
+    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    found = []
+    for match in re.finditer(r"^```sh\n(.*?)^```", text, flags=re.M | re.S):
+        line = text.count("\n", 0, match.start()) + 1
+        commands = re.findall(r"^targetlm compare (docs/records/.*)$", match.group(1), flags=re.M)
+        assert len(commands) <= 1, f"docs/results.md line {line}: one compare per block"
+        if commands:
+            table = re.search(r"^\|.*?(?=^[^|]|\Z)", text[match.end() :], flags=re.M | re.S)
+            argv = shlex.split(commands[0].split("#")[0])
+            found.append((line, argv, table.group(0).splitlines()))
     return found
 
 
