@@ -25,7 +25,8 @@ output layers that declare ``may_leave_parameters_unused`` (GroC's sparse update
 With ``train.parallel = "fsdp"`` the step is sharded instead (FSDP2, ``fully_shard``; hf
 backbones, per decoder layer: :func:`shard_step`): each rank keeps 1/K of the parameters,
 gradients and optimiser state, every rank evaluates, and checkpoints are torch distributed
-checkpoints beside ``last.pt`` (:func:`save_sharded`), read back with any number of ranks.
+checkpoints beside ``last.pt`` (:func:`save_sharded`), read back with any number of ranks and
+without running anything a file of the run directory names (:func:`load_sharded`).
 
 The loss is the batch's: every objective returns sums with their counts and averages over
 the scored positions once (each N-gram head over its own), and ranks may score different
@@ -49,17 +50,31 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import os
+import pickle
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, overload
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 
+from targetlm.checkpoint import SHARDED_DIRECTORY, CheckpointError, load_failure
 from targetlm.config import Config
 from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.objectives import LossOutput, NgramLoss
@@ -310,26 +325,269 @@ def sharded_checkpoint_name(step: int) -> str:
     return f"last-step{step}.dcp"
 
 
-def save_sharded(step: nn.Module, optimizer: torch.optim.Optimizer, directory: Any) -> None:
+# --- sharded checkpoints: written by torch, read without running code ----------------------------
+# torch's own reader unpickles a distributed checkpoint's ``.metadata`` with plain ``pickle``
+# and loads its byte items (the optimiser's param groups: numbers, flags, names) with
+# ``torch.load(weights_only=False)``: a crafted file of a run directory would run whatever it
+# names on ``train --resume``. load_sharded reads them as checkpoint.load reads last.pt: the
+# metadata with an unpickler that builds only the classes torch's Metadata is made of, the byte
+# items with ``weights_only=True`` (the tensors torch already reads so), and only files directly
+# inside the checkpoint's directory, itself directly inside the run directory.
+
+# what a checkpoint's metadata pickles, beyond plain values: the classes of
+# torch/distributed/checkpoint/metadata.py (and the file reader's record of where each item lies),
+# tensor sizes, dtypes (:func:`_metadata_global`) and layouts, and the checkpoint's path (read as a
+# pure path: nothing touches the file system)
+_METADATA_GLOBALS: dict[tuple[str, str], Any] = {
+    **{
+        ("torch.distributed.checkpoint.metadata", name): getattr(dcp_metadata, name)
+        for name in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+        )
+    },
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): _StorageInfo,
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    **{
+        (module, name): path
+        for module in ("pathlib", "pathlib._local")
+        for names, path in (
+            (("PosixPath", "PurePosixPath"), PurePosixPath),
+            (("WindowsPath", "PureWindowsPath"), PureWindowsPath),
+        )
+        for name in names
+    },
+}
+METADATA_FILE = ".metadata"
+# the name of a data file of a checkpoint: a plain name (no directory, no leading dot)
+_DATA_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def _metadata_global(module: str, name: str) -> Any:
+    """What the name ``module.name`` in a checkpoint's metadata stands for: one of
+    :data:`_METADATA_GLOBALS` or a torch dtype; None for anything else."""
+    if (module, name) in _METADATA_GLOBALS:
+        return _METADATA_GLOBALS[module, name]
+    if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+        return getattr(torch, name)
+    return None
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Unpickles a distributed checkpoint's metadata, building only what torch's
+    :class:`~torch.distributed.checkpoint.metadata.Metadata` is made of: any other name a
+    pickle asks for (a function such as ``os.system``, a class whose construction acts) is
+    refused before anything is called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = _metadata_global(module, name)
+        if found is None:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+        return found
+
+
+def _resolved(path: Path) -> Path:
+    """``path`` with its symbolic links followed; a loop of links is a CheckpointError."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as error:  # (a loop: RuntimeError before Python 3.13)
+        raise CheckpointError(f"{path}: {error}") from None
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """The file ``name`` of ``directory`` (resolved), refused unless it is a plain file
+    directly inside it (a symbolic link may not lead elsewhere)."""
+    path = directory / name
+    resolved = _resolved(path)
+    if resolved.parent != directory or not resolved.is_file():
+        raise CheckpointError(f"{path}: not a file of the sharded checkpoint {directory}; refused")
+    return resolved
+
+
+def _check_metadata(metadata: Any, path: Path) -> dcp_metadata.Metadata:
+    """``metadata``, refused unless it is what :func:`save_sharded` writes: a Metadata whose
+    items lie in plain files of the checkpoint's directory, read as written (no stream
+    transforms)."""
+    if not isinstance(metadata, dcp_metadata.Metadata):
+        raise CheckpointError(
+            f"{path}: not a sharded checkpoint's metadata (a {type(metadata).__name__})"
+        )
+    items = metadata.state_dict_metadata
+    storage = metadata.storage_data
+    if not isinstance(items, dict) or not isinstance(storage, dict):
+        raise CheckpointError(f"{path}: not a sharded checkpoint's metadata (no item tables)")
+    kinds = (dcp_metadata.TensorStorageMetadata, dcp_metadata.BytesStorageMetadata)
+    for fqn, kind in items.items():
+        if not isinstance(fqn, str) or not isinstance(kind, kinds):
+            raise CheckpointError(f"{path}: item {fqn!r} is of no kind torch writes")
+    for index, where in storage.items():
+        if not isinstance(index, dcp_metadata.MetadataIndex) or not isinstance(where, _StorageInfo):
+            raise CheckpointError(f"{path}: an item's location is of no kind torch writes")
+        name = where.relative_path
+        if not isinstance(name, str) or not _DATA_FILE.fullmatch(name):
+            raise CheckpointError(
+                f"{path}: item {index.fqn!r} lies in {name!r}, not a file of this directory"
+            )
+        if not all(isinstance(n, int) and n >= 0 for n in (where.offset, where.length)):
+            raise CheckpointError(f"{path}: item {index.fqn!r} has no valid offset and length")
+        if where.transform_descriptors:
+            raise CheckpointError(
+                f"{path}: item {index.fqn!r} is stored through transforms "
+                f"{list(where.transform_descriptors)!r}, which targetlm does not write"
+            )
+    return metadata
+
+
+def read_metadata(directory: Path) -> dcp_metadata.Metadata:
+    """The metadata of the sharded checkpoint ``directory`` (resolved), read without running
+    code (:class:`MetadataUnpickler`) and checked (:func:`_check_metadata`).
+
+    Raises:
+        CheckpointError: unreadable or unexpected metadata (one line, naming the file).
+    """
+    path = _inside(directory, METADATA_FILE)
+    try:
+        with path.open("rb") as handle:
+            metadata = MetadataUnpickler(handle).load()
+    except Exception as error:  # unpickling errors come in many types
+        raise CheckpointError(
+            f"{path}: unreadable sharded checkpoint metadata ({load_failure(error)})"
+        ) from None
+    return _check_metadata(metadata, path)
+
+
+class _Reader(FileSystemReader):
+    """torch's file-system reader of a distributed checkpoint, but for the metadata (read by
+    :func:`read_metadata`) and the files it reads data from (each checked to be a plain file
+    directly inside the checkpoint's directory). Tensors it reads, as torch does, with
+    ``torch.load(weights_only=True)``."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.directory = directory
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+        """The checkpoint's one metadata file, whatever rank asks (save_sharded writes no
+        per-rank ones)."""
+        metadata = read_metadata(self.directory)
+        if metadata.storage_meta is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        for name in {self.storage_data[item.storage_index].relative_path for item in plan.items}:
+            _inside(self.directory, name)
+        return super().read_data(plan, planner)
+
+
+class _Planner(DefaultLoadPlanner):
+    """torch's default load planner, but byte items (whatever the state held that is not a
+    tensor: the optimiser's param groups) load with ``torch.load(weights_only=True)``: plain
+    values only, never an object whose unpickling runs code."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__()
+        self.directory = directory
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, map_location="cpu", weights_only=True)
+        except Exception as error:  # unpickling errors come in many types
+            assert self.metadata is not None and self.metadata.storage_data is not None
+            where = self.metadata.storage_data[read_item.storage_index]
+            raise CheckpointError(
+                f"{self.directory / where.relative_path}: item {read_item.dest_index.fqn!r} "
+                f"is unreadable ({load_failure(error)})"
+            ) from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def sharded_directory(
+    directory: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """``directory`` resolved, refused unless it is a directory named ``last-step<N>.dcp``
+    directly inside the run directory ``run_dir``, symbolic links followed: a checkpoint
+    cannot send its reader elsewhere. Without ``run_dir``, the run directory is the parent
+    ``directory`` names, and a path that climbs out of a directory it has named
+    (``run/../elsewhere/last-step3.dcp``) is refused.
+
+    Raises:
+        CheckpointError: any other path (one line, naming it).
+    """
+    path = Path(directory)
+    run = Path(run_dir) if run_dir is not None else path.parent
+    parts = path.parts
+    leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+    resolved = _resolved(path)
+    if (
+        ".." in parts[leading:]
+        or not SHARDED_DIRECTORY.fullmatch(path.name)
+        or not SHARDED_DIRECTORY.fullmatch(resolved.name)
+        or resolved.parent != _resolved(run)
+    ):
+        raise CheckpointError(
+            f"{path}: not a sharded checkpoint directory last-step<N>.dcp of the run "
+            f"directory {run}; refused"
+        )
+    if not resolved.is_dir():
+        raise CheckpointError(f"sharded checkpoint not found: {path}")
+    return resolved
+
+
+def save_sharded(
+    step: nn.Module, optimizer: torch.optim.Optimizer, directory: str | os.PathLike[str]
+) -> None:
     """Write ``step``'s parameters and ``optimizer``'s state to ``directory`` with torch
     distributed checkpoint: every rank its shards (a collective; with one process, the whole).
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
+    ``directory`` is ``last-step<N>.dcp`` in the run directory, not a symbolic link (a link
+    planted there would send the write elsewhere)."""
+    path = Path(directory)
+    if not SHARDED_DIRECTORY.fullmatch(path.name) or path.is_symlink():
+        raise CheckpointError(f"{path}: not a directory last-step<N>.dcp to write a checkpoint to")
     model_state, optimizer_state = get_state_dict(step, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
 
 
-def load_sharded(step: nn.Module, optimizer: torch.optim.Optimizer, directory: Any) -> None:
+def load_sharded(
+    step: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    directory: str | os.PathLike[str],
+    run_dir: str | os.PathLike[str] | None = None,
+) -> None:
     """Read what :func:`save_sharded` wrote into ``step`` and ``optimizer``, resharded for
-    this run's processes (another number of processes than the writer's reads it too)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    this run's processes (another number of processes than the writer's reads it too).
 
+    Nothing in the checkpoint runs code: ``directory`` must be ``last-step<N>.dcp`` directly
+    inside the run directory ``run_dir`` (default: ``directory``'s parent;
+    :func:`sharded_directory`), its metadata is read by :func:`read_metadata`, its byte items
+    with ``weights_only=True`` and its data only from its own files.
+
+    Raises:
+        CheckpointError: a path elsewhere, or a file that is unreadable or holds more than
+            tensors and plain values (one line, naming it; raised on every rank).
+    """
+    resolved = sharded_directory(directory, run_dir)
+    read_metadata(resolved)  # refused here, before any collective, if it is not plain metadata
     model_state, optimizer_state = get_state_dict(step, optimizer)
     state: dict[str, Any] = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=directory)
+    try:
+        dcp.load(state, storage_reader=_Reader(resolved), planner=_Planner(resolved))
+    except CheckpointException as failure:  # every rank's failures: the first of ours
+        for error, _ in failure.failures.values():
+            if isinstance(error, CheckpointError):
+                raise CheckpointError(str(error)) from None
+        raise
     set_state_dict(
         step, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )
