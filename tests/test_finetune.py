@@ -164,6 +164,31 @@ def test_resuming_a_finetuning_run_that_does_not_exist(source, tmp_path, capsys)
     assert not (tmp_path / "new").exists()
 
 
+def test_finetuning_reads_only_the_data_locations_the_command_line_names(source, tmp_path, capsys):
+    """A run directory may come from someone else: the locations its config names (data.dir,
+    a split's absolute path) are read only when the command line names them too, so a
+    received run cannot copy the words of another file of this machine into vocab.txt."""
+    private = tmp_path / "private"
+    private.mkdir()
+    for split in ("train", "valid", "test"):
+        (private / f"{split}.txt").write_text("private words of this machine\n" * 20)
+    received = Path(shutil.copytree(source, tmp_path / "received"))
+    best = load_checkpoint(received / "best.pt")
+    best["config"]["data"].update(name="text", dir=str(private), train=str(private / "train.txt"))
+    torch.save(best, received / "best.pt")
+
+    new = tmp_path / "new"
+    assert_one_error(capsys, finetune(received, new), "data.dir", repr(str(private)))
+    rc = finetune(received, new, f'data.dir="{private}"', 'data.valid="valid"')
+    assert_one_error(capsys, rc, "data.train", repr(str(private / "train.txt")))
+    assert not new.exists()
+
+    # named on the command line: read (the user chose them)
+    named = [f'data.dir="{private}"', f'data.train="{private / "train.txt"}"']
+    assert finetune(received, new, *named) == 0
+    assert "private" in Vocabulary.load(new / "vocab.txt").itos
+
+
 # --- eval with open vocabulary and caches ---------------------------------------------------
 
 SUMMARY = {"ppl", "ppl_new", "ppl_known", "nll", "tokens", "new_tokens", "oov_rate"}

@@ -296,7 +296,8 @@ def test_finetune_reads_the_new_text_with_the_source_tokenizer(
 ):
     new = tmp_path / "finetuned"
     args = ["finetune", str(bpe_run), "--run-dir", str(new)]
-    assert main([*args, *sets('data.train="val.en"', "train.epochs=1")]) == 0
+    named = [f'data.dir="{corpus_dir}"', 'data.train="val.en"']  # (data.dir: named again)
+    assert main([*args, *sets(*named, "train.epochs=1")]) == 0
     capsys.readouterr()
     assert Vocabulary.load(new / "vocab.txt") == Vocabulary.load(bpe_run / "vocab.txt")
     assert (new / "tokenizer.json").read_bytes() == (bpe_run / "tokenizer.json").read_bytes()

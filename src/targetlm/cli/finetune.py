@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
         checkpoint, _, _ = read_best(args.source)
         data = checkpoint["config"]
+        changes: dict = {}
         if args.changes is not None:
             changes = config_lib.load_table(args.changes)
             if "init_from" in changes.get("train", {}):
@@ -47,8 +48,48 @@ def run(args: argparse.Namespace) -> int:
         data = config_lib.apply_overrides(data, args.set)
         data.setdefault("train", {})["init_from"] = source
         reuse_tokenizer(checkpoint["config"], data, Path(source))
+        check_data_locations(checkpoint["config"].get("data", {}), changes, args.set, args.source)
         config = builders.config_from_dict(data)
     return train_and_report(config, args.run_dir, args.resume)
+
+
+# the data.* entries that name where files are read: data.dir, and a split (a ``text`` one)
+# may be a file's absolute path
+DATA_LOCATIONS = ("dir", "train", "valid", "test")
+
+
+def check_data_locations(
+    source_data: dict, changes: dict, overrides: list[str], source: str | Path
+) -> None:
+    """Refuse to read, for a finetuning run, files that the source run's config names and
+    the command line does not: its ``data.dir`` and a split given by absolute path.
+
+    A run directory may come from someone else, and its config may name any file of this
+    machine; the words of what it names would be copied into the new run's ``vocab.txt``.
+    Named again on the command line (``--set data.dir=...``, or the ``--changes`` file's
+    ``[data]``), they are read: the user chose them. A split name relative to the data
+    directory (``$TARGETLM_DATA/<name>``, the cache) is read as always.
+
+    Raises:
+        ConfigError: a location only the source run's config names (one line).
+    """
+    given = set(changes.get("data", {}))
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key == "data":
+            given.update(DATA_LOCATIONS)
+        elif key.startswith("data."):
+            given.add(key.split(".")[1])
+    for key in DATA_LOCATIONS:
+        value = source_data.get(key)
+        if key in given or not isinstance(value, str):
+            continue
+        if key == "dir" or Path(value).is_absolute():
+            raise ConfigError(
+                f"{source}'s config reads data.{key} = {value!r}: finetuning reads no "
+                "location a run's own config names; to read it, name it on the command line "
+                f"(--set data.{key}=PATH)"
+            )
 
 
 def merge_changes(source: dict, changes: dict) -> dict:
