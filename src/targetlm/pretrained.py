@@ -45,12 +45,15 @@ PRETRAINED: dict[str, GgufSource] = {
 }
 
 
+NEEDS_TRANSFORMERS = f"model.backbone.kind = 'hf' needs transformers: {INSTALL}"
+
+
 def require_transformers() -> Any:
     """The ``transformers`` module, or one ConfigError saying what to install."""
     try:
         import transformers
     except ImportError:
-        raise ConfigError(f"model.backbone.kind = 'hf' needs transformers: {INSTALL}") from None
+        raise ConfigError(NEEDS_TRANSFORMERS) from None
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars on every load
     transformers.utils.logging.set_verbosity_error()
     return transformers
@@ -83,17 +86,39 @@ def _converted(name: str, source: GgufSource) -> Path:
     target = cache_root() / name
     if (target / "config.json").is_file():
         return target
-    spec = importlib.util.find_spec(source.package)
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    gguf = next(
-        (Path(p) / source.file for p in locations if (Path(p) / source.file).is_file()), None
-    )
+    gguf = _gguf_file(source)
     if gguf is None:
-        raise ConfigError(
-            f"model.backbone.path = {name!r} needs the package {source.package}: {source.install}"
-        )
+        raise ConfigError(_needs_package(name, source))
     with torch.device("cpu"):  # also when called while a config is checked on the meta device
         return _convert(name, gguf, target)
+
+
+def _gguf_file(source: GgufSource) -> Path | None:
+    """The GGUF file of an installed ``source`` package (None: the package is not installed)."""
+    spec = importlib.util.find_spec(source.package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return next(
+        (Path(p) / source.file for p in locations if (Path(p) / source.file).is_file()), None
+    )
+
+
+def _needs_package(name: str, source: GgufSource) -> str:
+    return f"model.backbone.path = {name!r} needs the package {source.package}: {source.install}"
+
+
+def missing(path: str | None) -> str | None:
+    """Why an ``hf`` backbone or tokenizer of ``path`` (None: built from a config) cannot be
+    built here, as the ConfigError building it would say; None: it can.
+
+    Looks for the packages without importing them: ``transformers``, and for a name of
+    :data:`PRETRAINED` not yet converted into the cache, the package that ships its file.
+    """
+    if importlib.util.find_spec("transformers") is None:
+        return NEEDS_TRANSFORMERS
+    source = PRETRAINED.get(path) if path is not None else None
+    if source is None or (cache_root() / str(path) / "config.json").is_file():
+        return None
+    return None if _gguf_file(source) is not None else _needs_package(str(path), source)
 
 
 def _convert(name: str, gguf: Path, target: Path) -> Path:

@@ -54,6 +54,16 @@ def require_reformer():
     return reformer_pytorch
 
 
+def missing() -> str | None:
+    """Why ``model.encoder.kind = 'reformer'`` cannot be built here (the ConfigError of
+    :func:`require_reformer`); None: reformer-pytorch imports."""
+    try:
+        require_reformer()
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
 class CausalSharedQkAttention(nn.Module):
     """Full causal shared-QK attention, the limit of the package's LSH attention.
 
