@@ -9,6 +9,9 @@ Every mistake is one :class:`~targetlm.registry.ConfigError` naming the key.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -96,6 +99,33 @@ def check_device(config: Config) -> None:
         raise ConfigError(
             f"train.device = {config.train.device!r}, but no CUDA GPU is available here "
             "(--set train.device='\"cpu\"')"
+        )
+    _check_compile(config.train.compile, torch.device(config.train.device))
+
+
+def _check_compile(mode: str, device: torch.device) -> None:
+    """``train.compile`` can run on ``device``: CUDA graphs need a GPU, inductor a C++
+    compiler on the CPU and Triton on a GPU (one error naming what is missing)."""
+    if mode == "off":
+        return
+    if mode == "graphs" and device.type != "cuda":
+        raise ConfigError(
+            f"train.compile = 'graphs' replays the step as CUDA graphs, which need a GPU; "
+            f"train.device is {str(device)!r} (use train.compile = 'default' on the CPU)"
+        )
+    if device.type == "cpu":
+        compiler = os.environ.get("CXX") or next(
+            (c for c in ("g++", "c++", "clang++") if shutil.which(c)), None
+        )
+        if compiler is None or not shutil.which(compiler):
+            raise ConfigError(
+                "train.compile on the CPU needs a C++ compiler (g++ or clang++) for torch's "
+                "inductor, and none was found (apt-get install g++, or train.compile = 'off')"
+            )
+    elif importlib.util.find_spec("triton") is None:
+        raise ConfigError(
+            "train.compile on a GPU needs the triton package for torch's inductor "
+            "(pip install triton matching this torch, or train.compile = 'off')"
         )
 
 

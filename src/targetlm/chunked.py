@@ -40,9 +40,12 @@ import torch
 
 IGNORE = -100  # = targetlm.data.batching.IGNORE (functional must not import data)
 
-# "auto" runs the chunked path when rows × V reaches this many logits (128 MB in float32):
-# the one threshold of training and evaluation (auto_chunks)
+# "auto" on the CPU runs the chunked path when rows × V reaches this many logits (128 MB in
+# float32): the one threshold of training and evaluation there (auto_chunks)
 AUTO_CHUNK_ELEMENTS = 2**25
+# "auto" on a GPU: the full logits while they take at most this share of the memory the device
+# had free when first asked (float32 logits, their softmax and gradient: about 3 copies)
+AUTO_GPU_SHARE = 1 / 8
 # the default tile (train.loss_chunk_tokens / loss_chunk_vocab repeat it, a test checks):
 CHUNK_TOKENS = 256  # 256 rows ...
 CHUNK_VOCAB = 65_536  # ... times the whole vocabulary up to 65,536 words (one pass per row tile)
@@ -50,11 +53,30 @@ CHUNK_VOCAB = 65_536  # ... times the whole vocabulary up to 65,536 words (one p
 Reduction = Literal["mean", "sum", "none"]
 
 
-def auto_chunks(rows: int, vocab_size: int) -> bool:
+def auto_chunks(rows: int, vocab_size: int, device: torch.device | None = None) -> bool:
     """Whether ``loss_impl = "auto"`` runs the logit layer chunked for ``rows`` rows (all heads'
-    in a training step; a segment's positions in evaluation) over ``vocab_size`` words: from
-    :data:`AUTO_CHUNK_ELEMENTS` logits on."""
+    in a training step; a segment's positions in evaluation) over ``vocab_size`` words.
+
+    On the CPU from :data:`AUTO_CHUNK_ELEMENTS` logits on (the tile loop is as fast there and
+    bounds the memory). On a GPU the full logits are faster (one matmul and one fused loss
+    instead of a loop of tiles; ``benchmarks/gpu_step.py`` measures both), so they are used
+    while three float32 copies of them fit in :data:`AUTO_GPU_SHARE` of the device's free
+    memory."""
+    if device is not None and device.type == "cuda":
+        return 3 * 4 * rows * vocab_size > AUTO_GPU_SHARE * _free_memory(device.index)
     return rows * vocab_size >= AUTO_CHUNK_ELEMENTS
+
+
+_FREE_MEMORY: dict[int | None, int] = {}
+
+
+@torch.compiler.assume_constant_result
+def _free_memory(index: int | None) -> int:
+    """Bytes free on CUDA device ``index`` when first asked (cached: a constant to a compiled
+    step)."""
+    if index not in _FREE_MEMORY:
+        _FREE_MEMORY[index] = torch.cuda.mem_get_info(index)[0]
+    return _FREE_MEMORY[index]
 
 
 @dataclass(frozen=True)
@@ -100,7 +122,10 @@ class ChunkedLoss(NamedTuple):
 
 
 def check_targets(targets: torch.Tensor, vocab_size: int) -> None:
-    """One clear error for a target id outside ``[0, vocab_size)`` that is not ``IGNORE``."""
+    """One clear error for a target id outside ``[0, vocab_size)`` that is not ``IGNORE``
+    (eagerly; a compiled training step's batches are checked once, before training)."""
+    if torch.compiler.is_compiling():
+        return
     bad = (targets != IGNORE) & ((targets < 0) | (targets >= vocab_size))
     if bool(bad.any()):
         value = int(targets[bad][0])

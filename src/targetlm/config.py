@@ -182,6 +182,11 @@ class TrainConfig:
     # extended with the training split's new words; "" trains from scratch
     init_from: str = ""
     device: str = "cpu"
+    # the training step (forward, loss, backward) through torch.compile (targetlm.training.compile):
+    # "off": eager, as written; "default": compiled (inductor); "graphs": compiled and replayed
+    # as CUDA graphs (a GPU only). The eager step is the reference; a compiled one matches it
+    # within float rounding (tests/test_compile.py)
+    compile: Literal["off", "default", "graphs"] = "off"
     progress: bool = True  # tqdm progress bar
     # several processes (torchrun): "ddp" replicates the model in each (DistributedDataParallel);
     # "fsdp" shards an hf backbone's parameters, gradients and optimiser state over them, per

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ def cross_entropy(
     label_smoothing: float = 0.0,
     ignore_index: int = IGNORE,
     reduction: Literal["mean", "sum"] = "mean",
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, torch.Tensor, Any]:
     """Cross entropy with optional label smoothing (Szegedy et al. 2016).
 
     logits (N, V), targets (N,). Positions whose target is ``ignore_index`` are skipped.
@@ -44,10 +44,13 @@ def cross_entropy(
 
     Returns ``(loss, nll_sum, count)``: the loss to optimise (its mean over the scored
     positions, or with ``reduction = "sum"`` its sum), the summed unsmoothed negative
-    log-likelihood (detached; for perplexity) and the number of scored positions.
+    log-likelihood (detached; for perplexity) and the number of scored positions (an int;
+    while ``torch.compile`` traces, a tensor: :func:`_cross_entropy_on_device`).
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    if torch.compiler.is_compiling():
+        return _cross_entropy_on_device(logits, targets, label_smoothing, ignore_index, reduction)
     count = int((targets != ignore_index).sum())
     if count == 0:
         zero = logits.sum() * 0.0
@@ -65,6 +68,32 @@ def cross_entropy(
     return (loss / count if reduction == "mean" else loss), nll[mask].sum().detach(), count
 
 
+def _cross_entropy_on_device(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    label_smoothing: float,
+    ignore_index: int,
+    reduction: Literal["mean", "sum"],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`cross_entropy` with the count a tensor and padding weighted by 0 instead of
+    indexed away: the same values with no host synchronisation and static shapes (what a
+    compiled step needs)."""
+    mask = targets != ignore_index
+    count = mask.sum()
+    logits = _at_least_float32(logits)
+    if label_smoothing == 0.0:
+        loss = F.cross_entropy(logits, targets, ignore_index=ignore_index, reduction="sum")
+        nll_sum = loss.detach()
+    else:
+        log_probs = torch.log_softmax(logits, -1)
+        nll = -log_probs.gather(1, targets.masked_fill(~mask, 0)[:, None]).squeeze(1)
+        uniform = -log_probs.mean(1)
+        weight = mask.to(nll.dtype)
+        loss = (((1 - label_smoothing) * nll + label_smoothing * uniform) * weight).sum()
+        nll_sum = (nll * weight).sum().detach()
+    return (loss / count.clamp(min=1) if reduction == "mean" else loss), nll_sum, count
+
+
 def z_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -79,6 +108,10 @@ def z_loss(
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     mask = targets != ignore_index
+    if torch.compiler.is_compiling():  # static shapes: padding weighted by 0
+        log_norm = torch.logsumexp(_at_least_float32(logits), -1)
+        summed = (log_norm.square() * mask).sum()
+        return summed / mask.sum().clamp(min=1) if reduction == "mean" else summed
     log_norm = torch.logsumexp(_at_least_float32(logits[mask]), -1)
     summed = log_norm.square().sum()
     return summed / max(int(mask.sum()), 1) if reduction == "mean" else summed
@@ -120,7 +153,10 @@ def augmented_kl(
     the KL goes through :class:`_DetachedTargetKL`, whose backward is the paper's eq. (3.4),
     ``∂KL/∂logits = (ŷ − ỹ)/τ``, in a few fused passes over the (N, V) logits.
     """
-    unique, inverse = torch.unique(targets, return_inverse=True)  # (U,), (N,)
+    if torch.compiler.is_compiling():  # static shapes: ỹ of every position (U = N)
+        unique, inverse = targets, torch.arange(targets.numel(), device=targets.device)
+    else:
+        unique, inverse = torch.unique(targets, return_inverse=True)  # (U,), (N,)
     with torch.set_grad_enabled(torch.is_grad_enabled() and not detach_target):
         similarity = output_embeddings[unique] @ output_embeddings.t()  # (U, V)
         target_log_probs = torch.log_softmax(_at_least_float32(similarity) / tau, -1)

@@ -225,7 +225,7 @@ def _segment_nll(
     chunked = loss_impl == "chunked" or (
         loss_impl == "auto"
         and inspect is None
-        and auto_chunks(vectors.shape[:-1].numel(), weight.size(0))
+        and auto_chunks(vectors.shape[:-1].numel(), weight.size(0), weight.device)
     )
     fast = not exact_probs and not chunked
     # float32 only: cross_entropy computes lower precisions in float32

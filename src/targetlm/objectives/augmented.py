@@ -111,14 +111,24 @@ class AugmentedLossObjective(Objective):
         ce_sum, nll_sum, count = functional.cross_entropy(
             logits, targets, self.label_smoothing, reduction="sum"
         )
-        if count == 0:
+        compiling = torch.compiler.is_compiling()  # count is a tensor: no branch on it
+        if not compiling and count == 0:
             return LossSums(((1.0, ce_sum),), nll_sum, count)
         z_sum = functional.z_loss(logits, targets, reduction="sum") if self.z_loss else None
-        if count < targets.numel():  # padding: score only real targets (a copy of the logits)
-            mask = targets != IGNORE
-            logits, targets = logits[mask], targets[mask]
         table = self._table(weight)
-        kl_sum = functional.augmented_kl(logits, targets, table, self.tau, self.detach_target).sum()
+        if compiling:  # static shapes: padding weighted by 0
+            mask = targets != IGNORE
+            kl = functional.augmented_kl(
+                logits, targets.masked_fill(~mask, 0), table, self.tau, self.detach_target
+            )
+            kl_sum = (kl * mask).sum()
+        else:
+            if count < targets.numel():  # padding: score only real targets (a copy of the logits)
+                mask = targets != IGNORE
+                logits, targets = logits[mask], targets[mask]
+            kl_sum = functional.augmented_kl(
+                logits, targets, table, self.tau, self.detach_target
+            ).sum()
         if self.beta is None:
             terms = [(1.0, ce_sum), (self.alpha, kl_sum)]
         else:

@@ -48,7 +48,7 @@ class LossSums:
 
     terms: tuple[tuple[float, torch.Tensor], ...]
     nll_sum: torch.Tensor | None
-    count: int
+    count: int  # (a tensor on the device while torch.compile traces: no host sync)
 
     def __post_init__(self) -> None:
         if not self.terms:
@@ -61,7 +61,10 @@ class LossSums:
         divisor = self.count if divisor is None else divisor
         total: torch.Tensor | None = None
         for weight, summed in self.terms:
-            mean = summed / divisor if divisor else summed * 0.0
+            if isinstance(divisor, torch.Tensor):  # a compiled step's count: no host sync
+                mean = summed / divisor.clamp(min=1)  # (0 scored: the sum is 0)
+            else:
+                mean = summed / divisor if divisor else summed * 0.0
             term = mean if weight == 1 else weight * mean
             total = term if total is None else total + term
         assert total is not None

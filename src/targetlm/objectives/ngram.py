@@ -209,13 +209,13 @@ class NgramLoss(nn.Module):
             rows.append((head_prediction, shifted.masked_fill(~scored, IGNORE)))
         return rows
 
-    def uses_chunked(self, rows: int, vocab_size: int) -> bool:
+    def uses_chunked(self, rows: int, vocab_size: int, device: torch.device | None = None) -> bool:
         """Whether a step of ``rows`` scored rows (all heads) over ``vocab_size`` words runs
         chunked: always (``chunked``), never (``full``), or by :func:`~targetlm.chunked.auto_chunks`
         (``auto``)."""
         if self.loss_impl == "auto":
             chunkable = self.objective.chunkable and self.heads_objective.chunkable
-            return chunkable and auto_chunks(rows, vocab_size)
+            return chunkable and auto_chunks(rows, vocab_size, device)
         return self.loss_impl == "chunked"
 
     def forward(
@@ -227,7 +227,8 @@ class NgramLoss(nn.Module):
     ) -> LossOutput:
         check_targets(targets, weight.size(0))
         rows = self.head_rows(prediction, targets, weight)
-        if self.uses_chunked(prediction.main.shape[:-1].numel() * len(rows), weight.size(0)):
+        positions = prediction.main.shape[:-1].numel() * len(rows)
+        if self.uses_chunked(positions, weight.size(0), weight.device):
             counts = [int((t != IGNORE).sum()) for _, t in rows]  # each head's scored positions
             divisors = None if self.count_divisors is None else self.count_divisors(counts)
             return self.chunked(prediction, rows, counts, divisors, weight, bias)

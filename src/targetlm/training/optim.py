@@ -16,10 +16,14 @@ if TYPE_CHECKING:
     from targetlm.config import TrainConfig
 
 
-def build_optimizer(config: TrainConfig, parameters, heads=()) -> torch.optim.Optimizer:
+def build_optimizer(
+    config: TrainConfig, parameters, heads=(), fused: bool = False
+) -> torch.optim.Optimizer:
     """The configured optimiser over ``parameters`` and, in a group of their own at
     ``train.heads_lr`` (when set), the N-gram heads' ``heads``. Each group's ``lr_scale`` is
-    what :func:`set_lr` multiplies the scheduled learning rate by."""
+    what :func:`set_lr` multiplies the scheduled learning rate by. ``fused``: torch's fused
+    implementation (one kernel for every parameter; GPU parameters), else torch's default
+    (``foreach`` on a GPU, the per-parameter loop on the CPU)."""
     heads = [p for p in heads if p.requires_grad]
     seen = {id(p) for p in heads}
     parameters = [p for p in parameters if p.requires_grad and id(p) not in seen]
@@ -27,13 +31,20 @@ def build_optimizer(config: TrainConfig, parameters, heads=()) -> torch.optim.Op
     groups = [{"params": parameters, "lr_scale": 1.0}]
     if heads:
         groups.append({"params": heads, "lr_scale": scale})
+    options = {"fused": True} if fused else {}
     if config.optimizer == "sgd":
         return torch.optim.SGD(
-            groups, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+            groups,
+            lr=config.lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+            **options,
         )
     kind = torch.optim.Adam if config.optimizer == "adam" else torch.optim.AdamW
     beta1, beta2 = config.betas  # two values: targetlm.config.validate refuses others
-    return kind(groups, lr=config.lr, betas=(beta1, beta2), weight_decay=config.weight_decay)
+    return kind(
+        groups, lr=config.lr, betas=(beta1, beta2), weight_decay=config.weight_decay, **options
+    )
 
 
 class LrSchedule:
@@ -111,14 +122,19 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     """``clip_grad_norm_`` that only rescales when the norm exceeds ``max_norm``.
 
     The result is identical (the clamped coefficient is exactly 1 otherwise); skipping the
-    multiply saves a pass over every gradient on most steps.
+    multiply saves a pass over every gradient on most steps on the CPU. On a GPU the
+    gradients are always multiplied by the clamped coefficient: reading the norm on the host
+    would make every step wait for the device.
     """
     parameters = [p for p in parameters if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
     if isinstance(norm, DTensor):  # sharded gradients (FSDP): the norm over every shard
         norm = norm.full_tensor()
-    if norm > max_norm:
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
+    if norm.device.type != "cpu" or norm > max_norm:
+        # each gradient rescaled once: a compiled backward may give two parameters one tensor
+        # (equal gradients, e.g. an LSTM layer's two biases)
+        unique = {(p.grad.data_ptr(), p.grad.shape): p for p in parameters}
+        torch.nn.utils.clip_grads_with_norm_(list(unique.values()), max_norm, norm)
     return norm
 
 

@@ -10,6 +10,7 @@ never interrupted (on CPU).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -18,7 +19,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ from targetlm.objectives.diffusion import DiffusionLoss
 from targetlm.registry import ConfigError
 from targetlm.rundir import RunDirError
 from targetlm.tasks import Batch, Task, TaskData, build_task
+from targetlm.training import compile as compiling
 from targetlm.training import distributed, finetune
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
 from targetlm.training.step import TrainingStep
@@ -50,6 +52,7 @@ RESUMABLE_CHANGES = {
     "train.progress",
     "train.threads",
     "train.log_every",
+    "train.compile",  # the same function (training/compile.py): a run resumes in either mode
 }
 
 
@@ -255,6 +258,8 @@ class Trainer:
             step_objective = distributed.ShardedObjective(self.objective, self.processes)
         self.task.prepare(self.data, c, self.model, self.log)
         self.batches = self._training_batches()
+        if self.device.type == "cuda":  # on the GPU once: a step copies nothing from the host
+            self.batches = [self.batches[i].to(self.device) for i in range(len(self.batches))]
         # the step's loss, one module: under DDP with several processes (which broadcasts
         # rank 0's initial weights), itself alone; evaluation reads self.objective (rank 0
         # alone: nothing all-reduced)
@@ -264,9 +269,19 @@ class Trainer:
             find_unused_parameters=bool(c.train.heads_only_steps)
             or self.step_module.may_leave_parameters_unused(),
         )
+        if c.train.compile != "off" and self.processes.several:
+            raise ConfigError(
+                f"train.compile = {c.train.compile!r} compiles the step of one process; "
+                "train with several processes eagerly (train.compile = 'off')"
+            )
+        self.compiled = compiling.compile_step(self.trainable, c.train.compile)
+        self.compiled_shape: tuple | None = None  # the one batch shape the compiled step runs
         heads = [] if self.model.heads is None else list(self.model.heads.parameters())
         self.optimizer = build_optimizer(
-            c.train, list(self.model.parameters()) + list(self.objective.parameters()), heads
+            c.train,
+            list(self.model.parameters()) + list(self.objective.parameters()),
+            heads,
+            fused=self.device.type == "cuda" and not self.processes.sharded,
         )
         steps_per_epoch = math.ceil(len(self.batches) / c.train.accumulate)
         budget = c.train.max_steps or c.train.epochs * steps_per_epoch
@@ -278,7 +293,7 @@ class Trainer:
         # the train records' window: summed NLL (float64, on the device) and targets since
         # the last record
         self.window_nll = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.window_count = 0
+        self.window_count: int | torch.Tensor = 0  # (a tensor: counted by a compiled step)
         self._unchecked_losses = []
 
     # --- the data, evaluation and final figures: the task's ----------------------------------
@@ -446,7 +461,7 @@ class Trainer:
                     "best_valid": self.best_valid,
                     "bad_evaluations": self.bad_evaluations,
                     "elapsed": self.elapsed,
-                    "window": (float(self.window_nll), self.window_count),
+                    "window": (float(self.window_nll), int(self.window_count)),
                     "metrics_records": self.metrics_records,
                 },
                 "state": state_to_list(detach_state(state)),
@@ -520,11 +535,14 @@ class Trainer:
         )
         return bool(c.train.early_stopping) and self.bad_evaluations >= c.train.early_stopping
 
-    def train_step(self, batch: Batch | list[Batch], lr: float) -> tuple[torch.Tensor, int]:
+    def train_step(
+        self, batch: Batch | list[Batch], lr: float
+    ) -> tuple[torch.Tensor, int | torch.Tensor]:
         """One optimiser step on ``batch`` (or the gradients of several, ``train.accumulate``)
         at learning rate ``lr`` (the carried state continues the stream); returns the main
         head's summed NLL (a float64 tensor on the device: read at the logging interval, so
-        a step waits for no device) and its number of targets. Its loss is checked for NaN at
+        a step waits for no device) and its number of targets (an int; a tensor on the
+        device when the compiled step counted them). Its loss is checked for NaN at
         the next record, validation or checkpoint (:meth:`_check_finite`)."""
         c = self.config.train
         if not self.model.training:  # whatever an evaluation left it in: dropout trains
@@ -545,9 +563,10 @@ class Trainer:
             # gradients are averaged over the processes after the last micro-batch only
             with self.processes.accumulating(step, final=index == len(micro_batches) - 1):
                 with self._autocast():
-                    out, self.state = step(batch, state, c.carry_state)
+                    out, self.state = self._run_step(step, batch, state, trains)
                 # checked for NaN at the next record, validation or checkpoint (no host sync)
-                self._unchecked_losses.append((self.step + 1, out.loss.detach()))
+                # (a copy: a CUDA graph's next replay reuses the loss's memory)
+                self._unchecked_losses.append((self.step + 1, out.loss.detach().clone()))
                 scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
                 if out.loss.requires_grad:
                     (out.loss * (scale / len(micro_batches))).backward()
@@ -558,6 +577,36 @@ class Trainer:
             clip_gradients(self.model.parameters(), c.clip)
         self.optimizer.step()
         return nll_sum, count
+
+    def _run_step(self, step: Any, batch: Batch, state: Any, trains: bool) -> tuple[Any, Any]:
+        """The step's loss and carried state: compiled (``train.compile``) for the batches of
+        the first compiled batch's shape, else ``step`` eagerly (e.g. a stream's shorter last
+        segment: nothing is recompiled). If compiling fails on the first step, one warning
+        and the run continues eagerly."""
+        c = self.config.train
+        shape = (tuple(batch.inputs.shape), tuple(batch.targets.shape))
+        if self.compiled is None or not trains or self.compiled_shape not in (None, shape):
+            return step(batch, state, c.carry_state)
+        compiling.new_step(c.compile)
+        try:
+            out, new_state = self.compiled(batch, state, c.carry_state)
+        except Exception as error:
+            if self.compiled_shape is not None:
+                raise
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            self.log(
+                f"warning: train.compile = {c.compile!r} failed on the first step "
+                f"({type(error).__name__}: {first[:200]}); training continues eagerly"
+            )
+            self.compiled = None
+            return step(batch, state, c.carry_state)
+        self.compiled_shape = shape
+        if c.compile == "graphs":  # outputs of a CUDA graph: copied before its next replay
+            out = dataclasses.replace(
+                out, nll_sum=out.nll_sum.clone(), count=compiling.keep(out.count)
+            )
+            new_state = compiling.keep(new_state)
+        return out, new_state
 
     def _check_finite(self) -> None:
         """Raise :class:`TrainingDiverged` naming the first step since the last check whose
@@ -697,7 +746,8 @@ class Trainer:
 
     def _loop(self) -> None:
         c = self.config.train
-        log_start, timed_tokens = time.perf_counter(), 0  # (this session's, for tok_s)
+        # (this session's, for tok_s; a tensor on the device when a compiled step counts)
+        log_start, timed_tokens = time.perf_counter(), cast(Any, 0)
         while self.epoch <= c.epochs:
             order = self._order()
             bar = tqdm(
@@ -728,6 +778,7 @@ class Trainer:
                 if self.step % c.log_every == 0:
                     self._check_finite()
                     seconds = time.perf_counter() - log_start
+                    self.window_count, timed_tokens = int(self.window_count), int(timed_tokens)
                     loss = float(self.window_nll) / self.window_count
                     record = {
                         "kind": "train",

@@ -1,0 +1,69 @@
+"""The training step through ``torch.compile`` (``train.compile``).
+
+The small models of the papers (a 2 × 200 LSTM, a 6 × d 256 Transformer) are launch-bound on a
+GPU when run eagerly: the variational LSTM's recurrence is a Python loop of T steps × layers,
+each a few tiny kernels, forward and backward. Compiling the step (the task's forward, the
+output layer and the objective: :class:`~targetlm.training.step.TrainingStep`) lets inductor
+fuse each time step's pointwise work into one kernel and derive a fused backward, and
+``"graphs"`` replays the forward and the backward as CUDA graphs, so a step costs a few
+launches instead of thousands.
+
+What the compiled step computes is the eager step's function:
+
+- dropout masks come from torch's own random generator (inductor's ``fallback_random``), so
+  a compiled step draws the masks the eager step draws, a run resumed in the other mode
+  continues the same random stream, and the two agree to float rounding
+  (``tests/test_compile.py``);
+- one shape is compiled: the training batches' usual (B, T). A batch of another shape (the
+  shorter last segment of a BPTT stream) runs eagerly, so nothing is recompiled or padded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+MODES = ("off", "default", "graphs")
+# torch.compile's backend: inductor generates the fused kernels; the tests of the default run
+# also use "aot_eager" (the same capture of forward and backward, eager kernels, no code
+# generation), which is what decides whether the compiled step computes the eager one's function
+BACKEND = "inductor"
+
+
+def compile_step(step: nn.Module, mode: str) -> Callable[..., Any] | None:
+    """``step`` compiled for ``train.compile = mode`` (None for ``"off"``). Nothing is
+    compiled until its first call."""
+    if mode not in MODES:
+        raise ValueError(f"train.compile must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "off":
+        return None
+    import torch._dynamo
+    import torch._inductor.config
+
+    # dropout's masks from torch's generator, as eagerly (a compiled run resumes eagerly)
+    torch._inductor.config.fallback_random = True
+    # an nn.LSTM holds the weights the variational recurrence reads (and runs without dropout)
+    torch._dynamo.config.allow_rnn = True
+    if mode == "graphs":
+        return torch.compile(step, mode="reduce-overhead", dynamic=False)
+    return torch.compile(step, backend=BACKEND, dynamic=False)
+
+
+def new_step(mode: str) -> None:
+    """Mark the start of a training step: CUDA graphs may then reuse the memory of the last
+    step's outputs (whatever of them is kept must have been copied: :func:`keep`)."""
+    if mode == "graphs":
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def keep(value: Any) -> Any:
+    """A copy of a graph's output tensors (nested in lists and tuples) that outlives the next
+    replay; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(keep(v) for v in value)
+    return value
