@@ -264,3 +264,26 @@ def test_clipping_rescales_a_gradient_shared_by_two_parameters_once():
     assert float(clip_gradients([a, b, c], 1.0)) == float(clip_gradients(twins, 1.0))
     torch.testing.assert_close(a.grad, twins[0].grad)
     torch.testing.assert_close(c.grad, twins[2].grad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_the_compiled_step_compiles_once_per_state_kind(backend, tmp_path, monkeypatch):
+    """Two epochs of a carried-state LSTM compile two graphs: the epoch's first step (no
+    state) and the rest; the state's layout, whichever step made it, recompiles nothing
+    (inductor's state outputs are views whose strides differ from the eager step's)."""
+    import torch._dynamo
+
+    monkeypatch.setattr(compiling, "BACKEND", backend)
+    config_dict = case("lstm_variational_real", tmp_path)
+    config_dict["train"] = {
+        **config_dict["train"],
+        "max_steps": 0,
+        "epochs": 2,
+        "compile": "default",
+    }
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    messages: list[str] = []
+    train(builders.config_from_dict(config_dict), tmp_path / "run", log=messages.append)
+    assert not [m for m in messages if m.startswith("warning")]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2

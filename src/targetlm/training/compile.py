@@ -54,16 +54,20 @@ def compile_step(step: nn.Module, mode: str) -> Callable[..., Any] | None:
 
 def new_step(mode: str) -> None:
     """Mark the start of a training step: CUDA graphs may then reuse the memory of the last
-    step's outputs (whatever of them is kept must have been copied: :func:`keep`)."""
+    step's outputs (whatever of them is kept must have been copied: :func:`dense`)."""
     if mode == "graphs":
         torch.compiler.cudagraph_mark_step_begin()
 
 
-def keep(value: Any) -> Any:
-    """A copy of a graph's output tensors (nested in lists and tuples) that outlives the next
-    replay; anything else as it is."""
+def dense(value: Any) -> Any:
+    """A copy of the tensors in ``value`` (nested in lists and tuples) in the standard
+    row-major layout; anything else as it is. Given as the carried state, it keeps the compiled
+    step from compiling again for each layout the state arrives in (a compiled step's (1, B, H)
+    state can be a view with another stride on its size-1 dimension than the eager one's, and
+    the compiled step's guards compare strides). Also what is kept of a CUDA graph's outputs:
+    a copy outlives the graph's next replay."""
     if isinstance(value, torch.Tensor):
-        return value.clone()
+        return value.clone(memory_format=torch.contiguous_format)
     if isinstance(value, (list, tuple)):
-        return type(value)(keep(v) for v in value)
+        return type(value)(dense(v) for v in value)
     return value

@@ -589,7 +589,7 @@ class Trainer:
             return step(batch, state, c.carry_state)
         compiling.new_step(c.compile)
         try:
-            out, new_state = self.compiled(batch, state, c.carry_state)
+            out, new_state = self.compiled(batch, compiling.dense(state), c.carry_state)
         except Exception as error:
             if self.compiled_shape is not None:
                 raise
@@ -603,9 +603,9 @@ class Trainer:
         self.compiled_shape = shape
         if c.compile == "graphs":  # outputs of a CUDA graph: copied before its next replay
             out = dataclasses.replace(
-                out, nll_sum=out.nll_sum.clone(), count=compiling.keep(out.count)
+                out, nll_sum=out.nll_sum.clone(), count=compiling.dense(out.count)
             )
-            new_state = compiling.keep(new_state)
+            new_state = compiling.dense(new_state)
         return out, new_state
 
     def _check_finite(self) -> None:
