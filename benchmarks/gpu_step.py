@@ -21,7 +21,7 @@ Usage::
     python benchmarks/gpu_step.py --quick                # CPU stand-ins, < 3 min on 2 cores
     TARGETLM_DATA=../shared/data python benchmarks/gpu_step.py --device cuda \\
         [--presets inan-small-ptb-real,tf-small-ptb-wdr-n4] [--modes off,graphs] \\
-        [--seconds 10] [--concurrent 18] [--json-out PATH]
+        [--seconds 10] [--concurrent 18] [--set train.loss_impl='"chunked"'] [--json-out PATH]
 
 ``--quick`` runs small stand-ins of an LSTM preset (``inan-small-ptb-real``: the variational
 LSTM with REAL) and a Transformer-with-heads preset (``tf-small-ptb-wdr-n4``) on synthetic data,
@@ -132,7 +132,7 @@ def measure(args: argparse.Namespace, preset: str, mode: str, ready: Path | None
     """{"losses": the first --compare steps' losses, "steps_s", "tokens_s", "seconds",
     "steps"} of one preset in one mode, timed after the warm-up; with ``ready`` (a folder),
     the timing starts once --concurrent files are there (every copy has compiled)."""
-    overrides = QUICK[preset] if args.quick else []
+    overrides = (QUICK[preset] if args.quick else []) + args.set
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(1)
         trainer = build(preset, mode, args.device, overrides, Path(tmp) / "run")
@@ -208,6 +208,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=4, help="untimed steps after those")
     parser.add_argument("--chunk", type=int, default=5, help="steps between clock reads")
     parser.add_argument("--concurrent", type=int, default=1, help="copies side by side")
+    parser.add_argument(
+        "--set", action="append", default=[], help="KEY=VALUE config override (repeatable)"
+    )
     parser.add_argument("--json-out", default=None, help="also write the JSON here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -239,6 +242,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(args.device) if args.device != "cpu" else "cpu",
         "torch": torch.__version__,
         "seconds": args.seconds,
+        "overrides": args.set,
         "presets": {},
     }
     worst = 0.0

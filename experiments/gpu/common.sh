@@ -43,11 +43,22 @@ gpu_init() {
   : "${TARGETLM_DATA:?set TARGETLM_DATA to the directory holding ptb/, wikitext-2/, multi30k/}"
   command -v targetlm > /dev/null || { echo "targetlm is not on PATH (bash scripts/setup.sh)" >&2; exit 2; }
   SMOKE=${SMOKE:-0}
-  BUDGET_S=$(( ${BUDGET_MIN:-25} * 60 ))
+  local name
+  for name in BUDGET_MIN BUDGET_S PROBE_S EVAL_RESERVE_S; do  # whole numbers, before any arithmetic
+    [[ -z ${!name:-} || ${!name} =~ ^[0-9]{1,6}$ ]] \
+      || { echo "$PACK: $name must be a whole number of minutes or seconds, got '${!name}'" >&2; exit 2; }
+  done
+  BUDGET_S=${BUDGET_S:-$(( ${BUDGET_MIN:-25} * 60 ))}
   PROBE_S=${PROBE_S:-60}
   EVAL_RESERVE_S=${EVAL_RESERVE_S:-180}
   SAFETY=${SAFETY:-0.85}
   if [[ $SMOKE == 1 ]]; then DEVICE=cpu; else DEVICE=${DEVICE:-cuda}; fi
+  # the fast step (train.compile, src/targetlm/training/compile.py): CUDA graphs on a GPU
+  if [[ $DEVICE == cuda* ]]; then COMPILE=${COMPILE:-graphs}; else COMPILE=${COMPILE:-off}; fi
+  [[ $COMPILE =~ ^(off|default|graphs)$ ]] || { echo "$PACK: COMPILE must be off, default or graphs" >&2; exit 2; }
+  # one compile thread a run: the runs compile side by side (inductor's default is a pool of
+  # as many workers as cores, in every run)
+  export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-1}
   START_S=$SECONDS
   mkdir -p "$OUT_DIR/runs" "$OUT_DIR/logs" "$OUT_DIR/records" || exit 2
   OUT_DIR=$(cd "$OUT_DIR" && pwd)
@@ -63,7 +74,7 @@ gpu_init() {
     fi
   fi
   RUN_NAMES=() RUN_CONFIGS=() RUN_SETS=()
-  echo "$PACK: records in $OUT_DIR/records; device $DEVICE; budget ${BUDGET_S}s$([[ $SMOKE == 1 ]] && echo ' (SMOKE: one step each)')"
+  echo "$PACK: records in $OUT_DIR/records; device $DEVICE; train.compile $COMPILE; budget ${BUDGET_S}s$([[ $SMOKE == 1 ]] && echo ' (SMOKE: one step each)')"
 }
 
 # add_run NAME CONFIG [key=value ...]: one run of the table (values without spaces)
@@ -78,7 +89,8 @@ add_run() {
 _train_args() {
   local i=$1 kv sets every_run smoke_sets=()
   shift
-  local args=(--set train.device="\"$DEVICE\"" --set train.threads=1 --set train.progress=false)
+  local args=(--set train.device="\"$DEVICE\"" --set train.threads=1 --set train.progress=false
+    --set train.compile="\"$COMPILE\"")
   read -ra sets <<< "${RUN_SETS[$i]}"
   read -ra every_run <<< "${SET:-}"
   [[ $SMOKE == 1 ]] && read -ra smoke_sets -d '' <<< "${SMOKE_SETS:-}"
