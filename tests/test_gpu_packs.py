@@ -363,3 +363,34 @@ def test_a_smoke_pack_runs_for_real_on_the_cpu(tmp_path, pack):
             assert (record / "eval-test.json").exists() and (record / "eval-valid.json").exists()
         elif "-base-" not in name:
             assert list(record.glob("translate-test-lambda*.json"))
+
+
+def test_stopping_a_pack_stops_the_children_of_its_runs(tmp_path):
+    """A pack stopped during evaluation (each run's subshell runs `targetlm eval` as its own
+    child) leaves no process of its runs behind: _stop_tree signals every descendant."""
+    pids = tmp_path / "pids"
+    script = f"""
+        source experiments/gpu/common.sh
+        ( sleep 300 & echo $! >> {pids}; wait ) &
+        ( ( sleep 300 & echo $! >> {pids}; wait ) & wait ) &
+        for _ in $(seq 100); do [[ $(wc -l < {pids} 2> /dev/null) == 2 ]] && break; sleep 0.05; done
+        _stop_tree $(jobs -p)
+        wait
+    """
+    subprocess.run(["bash", "-c", script], cwd=ROOT, check=True, timeout=60)
+    for pid in pids.read_text().split():
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+        ), f"sleep {pid} still runs"
+
+
+def test_a_pack_refuses_a_budget_that_is_not_a_whole_number(tmp_path):
+    """Numeric variables are checked before any arithmetic: bash arithmetic would run a
+    command substitution hidden in one."""
+    marker = tmp_path / "ran"
+    completed, calls, out = run_pack(
+        tmp_path, "inan_table1", env={"BUDGET_MIN": f"a[$(touch {marker})]"}
+    )
+    assert completed.returncode == 2 and "BUDGET_MIN must be a whole number" in completed.stderr
+    assert not marker.exists() and calls == []

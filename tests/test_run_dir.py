@@ -315,6 +315,25 @@ def test_a_run_without_a_checkpoint_yet_restarts_and_messages_say_so(tmp_path, m
     _assert_same_as_twin(run, results, twin)
 
 
+def test_a_sharded_checkpoint_cut_before_the_first_last_pt_restarts_the_run(tmp_path, twin):
+    """A kill during the first sharded save leaves ``last-stepN.dcp/.metadata.tmp`` and no
+    last.pt: the directory is a run that stopped before its first checkpoint (train restarts it,
+    --resume starts it from step 0), and the partial directory goes with the next checkpoint."""
+    config = tiny_config(**SMALL, **{"train.log_every": 2})
+    run = tmp_path / "run"
+    trainer = Trainer(config, run, log=_quiet)
+    trainer._setup()
+    trainer._start_run_dir()  # config.toml, vocab.txt, metrics.jsonl: then the kill
+    (run / "last-step3.dcp").mkdir()
+    (run / "last-step3.dcp" / ".metadata.tmp").write_bytes(b"half a metadata file")
+    assert Trainer(config, run, log=_quiet).restart  # not "exists and is not empty"
+    logs: list[str] = []
+    results = Trainer(config, run, resume=True, log=logs.append).train()
+    assert any("no checkpoint yet: starting from step 0" in m for m in logs), logs
+    assert not (run / "last-step3.dcp").exists()
+    _assert_same_as_twin(run, results, twin)
+
+
 def test_a_full_disk_at_a_later_checkpoint_keeps_the_last_good_one(tmp_path, monkeypatch, twin):
     config = tiny_config(**SMALL, **{"train.log_every": 2})
     run = tmp_path / "run"

@@ -63,8 +63,9 @@ gpu_init() {
   mkdir -p "$OUT_DIR/runs" "$OUT_DIR/logs" "$OUT_DIR/records" || exit 2
   OUT_DIR=$(cd "$OUT_DIR" && pwd)
   export OMP_NUM_THREADS=1
-  # stopped (Ctrl-C, a time limit): stop the runs this pack started too
-  trap 'kill $(jobs -p) 2> /dev/null; exit 130' INT TERM
+  # stopped (Ctrl-C, a time limit): stop the runs this pack started too, with their children
+  # (evaluate_all's subshells run `targetlm eval` / `translate` as children of their own)
+  trap '_stop_tree $(jobs -p); exit 130' INT TERM
   if [[ $DEVICE == cuda* && ${MPS:-1} == 1 ]] && command -v nvidia-cuda-mps-control > /dev/null; then
     if nvidia-cuda-mps-control -d 2> /dev/null; then
       trap 'echo quit | nvidia-cuda-mps-control' EXIT
@@ -75,6 +76,19 @@ gpu_init() {
   fi
   RUN_NAMES=() RUN_CONFIGS=() RUN_SETS=()
   echo "$PACK: records in $OUT_DIR/records; device $DEVICE; train.compile $COMPILE; budget ${BUDGET_S}s$([[ $SMOKE == 1 ]] && echo ' (SMOKE: one step each)')"
+}
+
+# _stop_tree PID ...: SIGTERM to each process and all its descendants (children first found,
+# then signalled from the top, so none is reparented away before it is found)
+_stop_tree() {
+  local pid all=() queue=("$@")
+  while [[ ${#queue[@]} -gt 0 ]]; do
+    pid=${queue[0]} queue=("${queue[@]:1}")
+    all+=("$pid")
+    mapfile -t -O "${#queue[@]}" queue < <(pgrep -P "$pid" 2> /dev/null)
+  done
+  [[ ${#all[@]} -gt 0 ]] && kill "${all[@]}" 2> /dev/null
+  return 0
 }
 
 # add_run NAME CONFIG [key=value ...]: one run of the table (values without spaces)

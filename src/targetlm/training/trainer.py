@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 import shutil
 import signal
 import time
@@ -140,6 +141,8 @@ class Trainer:
         self.restart, self.finished_results = not self.resume, None
         files = {p.name for p in self.run_dir.iterdir()} if self.run_dir.is_dir() else set()
         files = {f for f in files if f != rundir.LOCK and not _temporary(f)}
+        if runs.LAST not in files:  # a sharded checkpoint no last.pt names: its write was cut
+            files = {f for f in files if not _sharded_checkpoint(f)}  # (the next one replaces it)
         stuck = runs.CONFIG in files and runs.LAST not in files
         stuck = stuck and files <= BEFORE_FIRST_CHECKPOINT
         if self.resume:
@@ -870,6 +873,11 @@ class Trainer:
 
 def _silent(message: str) -> None:
     pass
+
+
+def _sharded_checkpoint(name: str) -> bool:
+    """Whether ``name`` is a sharded checkpoint's directory (``last-step<N>.dcp``)."""
+    return re.fullmatch(r"last-step\d+\.dcp", name) is not None
 
 
 def _temporary(name: str) -> bool:
