@@ -28,7 +28,7 @@ from targetlm.data import (
 )
 from targetlm.modules.encoders import Encoder
 from targetlm.registry import ConfigError
-from targetlm.tasks import SentencePairTask, build_task
+from targetlm.tasks import StreamTask, Task, build_task
 
 # an evaluation with more out-of-vocabulary tokens than this says so in its printed line:
 # its perplexity mostly measures how well the model predicts <unk>
@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
         return _eval_wrapped(args)
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), streams=None)
     task = build_task(config)
-    if isinstance(task, SentencePairTask):  # its splits, with the task's figures
-        return _eval_pairs(args, task, config, vocab, model)
+    if not isinstance(task, StreamTask):  # its splits, with the task's figures
+        return _eval_task_splits(args, task, config, vocab, model)
     check_combiners(args, config, model)
     if args.head_top1 and model.heads is None:
         raise ConfigError("--head-top1 needs a model with N-gram heads (model.heads.n >= 2)")
@@ -147,15 +147,21 @@ def _print_heads(result: dict) -> None:
         print(f"  {who} (word t+{row['ahead']}): top-1 {row['top1']:.4f} over {row['count']:,}")
 
 
-def _eval_pairs(args: argparse.Namespace, task: SentencePairTask, config, vocab, model) -> int:
-    """A sentence-pair run on valid and test (or ``--split``): the task's figures
-    (translation: teacher-forced loss and perplexity, BLEU / chrF of beam search with
-    ``--ensemble-lambda``'s first λ inside it; diffusion: its validation losses)."""
+def _eval_task_splits(args: argparse.Namespace, task: Task, config, vocab, model) -> int:
+    """A run that is not scored as a token stream, on valid and test (or ``--split``): the
+    figures its task writes to results.json (:meth:`Task.evaluate_run`; translation:
+    teacher-forced loss and perplexity, BLEU / chrF of beam search with
+    ``--ensemble-lambda``'s first λ inside it; diffusion: its validation losses; masked LM:
+    the masked tokens' perplexity)."""
+    kind = config.task.kind
     if args.file is not None or combiners_from_args(args) is not None:
+        use = "use `targetlm translate` for a file; " if task.conditional else ""
         raise ConfigError(
-            f"a {config.task.kind!r} run is evaluated on its splits: use `targetlm translate` "
-            "for a file; the scoring options are for language models"
+            f"a {kind!r} run is evaluated on its splits: {use}--file and the scoring options "
+            "are for causal language models"
         )
+    if args.head_top1:
+        raise ConfigError(f"--head-top1 reads a causal language model's heads, not a {kind!r} run")
     lam = args.ensemble_lambda[0] if args.ensemble_lambda else 0.0
     results = {
         split: task.evaluate_run(model, vocab, config, split, lam)

@@ -190,6 +190,24 @@ class Task(ABC, Generic[ModelT]):
         content): the test perplexity by default."""
         return [f"test perplexity: {results['test']['ppl']:.2f}"]
 
+    def evaluate_run(
+        self,
+        model: ModelT,
+        vocab: Vocabulary,
+        config: Config,
+        split: str,
+        ensemble_lambda: float,
+    ) -> dict[str, Any]:
+        """``targetlm eval``'s figures of a run on ``split`` ("valid" or "test"): the figures
+        :meth:`final_results` writes to results.json, for a task that ``eval`` does not score
+        as a token stream (a :class:`StreamTask`'s runs are scored token by token by the
+        command). ``ensemble_lambda``: the N-gram head ensemble's λ, where the task uses it."""
+        raise NotImplementedError(f"{type(self).__name__} is not evaluated by targetlm eval")
+
+    def describe(self, split: str, result: dict[str, Any]) -> str:
+        """One printed line of :meth:`evaluate_run`'s ``result``."""
+        raise NotImplementedError(f"{type(self).__name__} is not evaluated by targetlm eval")
+
     def vocabulary(self, config: Config) -> Vocabulary:
         """The vocabulary a model of ``config`` is built with (``targetlm describe``)."""
         return self.load_data(config, None, lambda message: None).vocab

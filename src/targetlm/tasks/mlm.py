@@ -301,7 +301,10 @@ class MaskedLmTask(Task[LanguageModel]):
         device: torch.device,
         log: Callable[[str], None],
     ) -> dict[str, Any]:
-        result = self.evaluate(model, data, split, objective, config, device)
+        return self._figures(self.evaluate(model, data, split, objective, config, device))
+
+    def _figures(self, result: dict[str, Any]) -> dict[str, Any]:
+        """A split's figures in results.json, from :meth:`evaluate`'s ``result``."""
         return {
             "ppl": result["ppl"],
             "nll": result["nll"],
@@ -312,6 +315,39 @@ class MaskedLmTask(Task[LanguageModel]):
     def summary(self, results: dict[str, Any]) -> list[str]:
         """The masked tokens' test perplexity."""
         return [f"test masked-token perplexity: {results['test']['ppl']:.2f}"]
+
+    def evaluate_run(
+        self,
+        model: LanguageModel,
+        vocab: Vocabulary,
+        config: Config,
+        split: str,
+        ensemble_lambda: float,
+    ) -> dict[str, Any]:
+        """The masked tokens' perplexity on ``split`` with the evaluation's fixed masks, as
+        :meth:`final_results` computes it (the split read with the run's tokenizer and
+        vocabulary). The main head only: ``ensemble_lambda`` must be 0."""
+        from targetlm.data import read_lines
+        from targetlm.inference.translate import evaluate_pairs
+
+        if ensemble_lambda:
+            raise ConfigError(
+                "--ensemble-lambda: a masked-LM run is evaluated with its main head (the "
+                "masked tokens' perplexity)"
+            )
+        lines = read_lines(config.data, getattr(config.data, split))
+        ids = vocab.encode(vocab.require_tokenizer().tokenize(lines))
+        batches = self.batches(
+            ids, config.eval.batch_size, config.data.bptt, vocab=vocab, train=False
+        )
+        return self._figures(evaluate_pairs(model, batches, self, config.train.device))
+
+    def describe(self, split: str, result: dict[str, Any]) -> str:
+        """One printed line of :meth:`evaluate_run`'s ``result``."""
+        return (
+            f"{split}: masked-token ppl {result['ppl']:.2f} over {result['masked_tokens']:,} "
+            f"masked tokens (mask rate {result['mask_rate']:.0%})"
+        )
 
     def batches(
         self,

@@ -241,21 +241,6 @@ class SentencePairTask(Task[LanguageModel]):
             encode_lines(tokenizer, vocab, part.target_lines),
         )
 
-    def evaluate_run(
-        self,
-        model: LanguageModel,
-        vocab: Vocabulary,
-        config: Config,
-        split: str,
-        ensemble_lambda: float,
-    ) -> dict[str, Any]:
-        """``targetlm eval``'s figures of a finished run on ``split``."""
-        raise NotImplementedError
-
-    def describe(self, split: str, result: dict[str, Any]) -> str:
-        """One printed line of :meth:`evaluate_run`'s ``result``."""
-        raise NotImplementedError
-
 
 @TASKS.register("translation")
 class TranslationTask(SentencePairTask):
