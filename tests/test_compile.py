@@ -238,7 +238,9 @@ def test_a_compiled_run_resumes_eagerly_and_the_reverse(tmp_path, monkeypatch):
             log=lambda message: None,
         )
         data["train"]["compile"] = second
-        train(builders.config_from_dict(data), run, resume=True, log=lambda message: None)
+        messages: list[str] = []
+        train(builders.config_from_dict(data), run, resume=True, log=messages.append)
+        assert any(f"train.compile was '{first}', now '{second}'" in m for m in messages)
         assert losses(run) == pytest.approx(losses(tmp_path / "whole"), rel=1e-4)
 
 

@@ -366,6 +366,13 @@ class Trainer:
         checkpoint = load_checkpoint(self.run_dir / runs.LAST, RESUME_KEYS)
         if "config" in checkpoint:
             self._check_same_config(runs.LAST, checkpoint["config"])
+            saved_mode = checkpoint["config"].get("train", {}).get("compile", "off")
+            if saved_mode != self.config.train.compile:
+                self.log(
+                    f"train.compile was {saved_mode!r}, now {self.config.train.compile!r}: the "
+                    "run continues from the same weights, optimiser, position and random state; "
+                    "its losses match an uninterrupted run's to float rounding, not bit for bit"
+                )
         saved_vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
         if saved_vocab != self.vocab:
             raise CheckpointError(
