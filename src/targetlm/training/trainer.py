@@ -312,6 +312,15 @@ class Trainer:
             source = finetune.source_of(c.train.init_from) if self.restart else None
             base = Vocabulary.load(self.run_dir / runs.VOCAB) if source is None else source[1]
         self.data: TaskData = self.task.load_data(c, base, self.log)
+        if c.train.init_from and self.task.finetunable and source is None and base is not None:
+            # a resumed finetuning run: its vocab.txt is already the extended one (the training
+            # split's words and counts added once); extending it again would add the counts twice
+            if self.data.vocab != base:
+                raise RunDirError(
+                    f"{self.run_dir / runs.VOCAB} lacks words of the training split: it is not "
+                    "this finetuning run's vocabulary"
+                )
+            self.data = dataclasses.replace(self.data, vocab=base)
         self.vocab: Vocabulary = self.data.vocab
         return source
 
