@@ -5,6 +5,7 @@ offline download, a missing optional package, a pickled hf checkpoint, a high OO
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -317,9 +318,20 @@ def test_a_high_oov_rate_is_said_in_the_printed_line(run, tmp_path, capsys):
     unknown = text_file(tmp_path, "zzq xxv qqw the\n", "unknown.txt")
     assert main(["eval", str(run), "--file", str(unknown)]) == 0
     line = capsys.readouterr().out
-    assert "OOV rate 60.00% (high, over 10%" in line
-    assert main(["eval", str(run), "--file", str(unknown), "--open-vocab"]) == 0
-    assert "(high, over 10%" in capsys.readouterr().out
+    assert "OOV rate 60.00% (high, over 10%: 60.00% of the tokens are out of the vocabulary" in line
+    assert "mostly" not in line and "try --lowercase or --open-vocab" in line
+    # the perplexity over the known words, as targetlm score computes it
+    assert main(["eval", str(run), "--file", str(unknown), "--json"]) == 0
+    known_ppl = json.loads(capsys.readouterr().out)["ppl_known"]
+    assert f"known words only: ppl {known_ppl:.2f}" in line
+    out = tmp_path / "scores.jsonl"
+    assert main(["score", str(run), "--file", str(unknown), "--out", str(out)]) == 0
+    assert f"known words only: ppl {known_ppl:.2f}" in capsys.readouterr().out
+    # an option already given is not suggested
+    assert main(["eval", str(run), "--file", str(unknown), "--open-vocab", "--lowercase"]) == 0
+    line = capsys.readouterr().out
+    assert "new words, scored by their spelling" in line
+    assert "(high, over 10%" in line and "try" not in line
 
 
 def test_an_offline_download_names_the_url_it_tried(tmp_path, capsys, monkeypatch):

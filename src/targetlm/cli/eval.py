@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from targetlm.cli.common import (
     check_combiners,
     combiners_from_args,
     eval_overrides,
+    score,
     score_streams,
     settings,
 )
@@ -26,24 +28,50 @@ from targetlm.data import (
     read_lines,
     with_context_token,
 )
+from targetlm.inference.scoring import Combiners
 from targetlm.modules.encoders import Encoder
 from targetlm.registry import ConfigError
 from targetlm.tasks import StreamTask, Task, build_task
 
-# an evaluation with more out-of-vocabulary tokens than this says so in its printed line:
-# its perplexity mostly measures how well the model predicts <unk>
+# an evaluation with more out-of-vocabulary tokens than this says so in its printed line, with
+# the perplexity over the known words beside the one over all tokens
 HIGH_OOV_RATE = 0.10
 
 
-def oov_text(rate: float) -> str:
-    """``OOV rate 12.50% (high: ...)`` for a printed result line."""
+def oov_text(
+    rate: float, known_ppl: float | None, open_vocab: bool, options: Sequence[str] = ()
+) -> str:
+    """``OOV rate 12.50%`` for a printed result line; above :data:`HIGH_OOV_RATE`, what is
+    true of it: the share of tokens outside the vocabulary (scored as ``<unk>`` in a closed
+    vocabulary, by their spelling with ``open_vocab``), the perplexity over the known words
+    (``known_ppl``; None: there are none) and ``options``, the options not given that may help
+    (:func:`oov_options`)."""
     text = f"OOV rate {rate:.2%}"
-    if rate > HIGH_OOV_RATE:
-        text += (
-            f" (high, over {HIGH_OOV_RATE:.0%}: the perplexity mostly scores <unk>; is the text "
-            "like the training data? try --lowercase or --open-vocab)"
-        )
-    return text
+    if rate <= HIGH_OOV_RATE:
+        return text
+    scored = "new words, scored by their spelling" if open_vocab else "scored as <unk>"
+    known = "no known words" if known_ppl is None else f"known words only: ppl {known_ppl:.2f}"
+    hint = f"; is the text like the training data? try {' or '.join(options)}" if options else ""
+    return (
+        f"{text} (high, over {HIGH_OOV_RATE:.0%}: {rate:.2%} of the tokens are out of the "
+        f"vocabulary, {scored}; {known}{hint})"
+    )
+
+
+def oov_options(args: argparse.Namespace, config) -> list[str]:
+    """The options that may help a text with many unknown words and were not given:
+    ``--lowercase`` (a run whose text is not lower-cased) and ``--open-vocab`` (a whitespace
+    tokenizer's run, scored in a closed vocabulary)."""
+    options = [] if config.data.lowercase else ["--lowercase"]
+    if not args.open_vocab and config.data.tokenizer == "whitespace":
+        options.append("--open-vocab")
+    return options
+
+
+def known_word_perplexity(model, vocab, config, tokens: Sequence[str]) -> float | None:
+    """The perplexity over the tokens of ``tokens`` that are vocabulary words (a second,
+    per-token pass, as ``targetlm score`` scores them); None when there are none."""
+    return score(model, vocab, config, tokens, False, Combiners()).summary()["ppl_known"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(result))
         else:
-            _print_summary(result)
+            _print_summary(result, oov_options(args, config))
             _print_heads(result)
         return 0
     if args.ensemble_lambda:  # one pass: the main head's ppl and every λ's
@@ -118,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         batch_size=config.eval.batch_size,
         segment=segment,
     )
+    if result["oov_rate"] > HIGH_OOV_RATE:  # the perplexity then mixes in many <unk>
+        result["ppl_known"] = known_word_perplexity(model, vocab, config, tokens)
     context = model.encoder.max_context if isinstance(model.encoder, Encoder) else None
     if context is not None:
         result["context"] = context
@@ -132,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
         name = source if args.file is not None else f"{split} ({source})"
         print(
             f"{name}: ppl {result['ppl']:.2f} over {result['tokens']:,} tokens, "
-            + oov_text(result["oov_rate"])
+            + oov_text(
+                result["oov_rate"], result.get("ppl_known"), False, oov_options(args, config)
+            )
             + _per_word_text(result)
         )
         _print_heads(result)
@@ -204,7 +236,7 @@ def _eval_wrapped(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(result: dict) -> None:
+def _print_summary(result: dict, options: Sequence[str]) -> None:
     def ppl(key: str) -> str:
         return "-" if result[key] is None else f"{result[key]:.2f}"
 
@@ -214,7 +246,7 @@ def _print_summary(result: dict) -> None:
         f"{name} ({result['data']} {result['file']}), {vocabulary}: ppl {ppl('ppl')} "
         f"over {result['tokens']:,} tokens (new words: ppl {ppl('ppl_new')} over "
         f"{result['new_tokens']:,}; known: ppl {ppl('ppl_known')}), "
-        + oov_text(result["oov_rate"])
+        + oov_text(result["oov_rate"], result["ppl_known"], result["open_vocab"], options)
         + _per_word_text(result)
     )
 

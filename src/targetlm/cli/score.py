@@ -15,7 +15,7 @@ from targetlm.cli.common import (
     eval_overrides,
     score_streams,
 )
-from targetlm.cli.eval import oov_text
+from targetlm.cli.eval import oov_options, oov_text
 from targetlm.cli.outputs import add_force_option, add_quiet_option, check_output, run_inputs
 from targetlm.data import (
     read_file,
@@ -55,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
     summary = main.summary()
     print(
         f"{out}: {summary['tokens']:,} tokens of {args.file}, ppl {summary['ppl']:.2f}, "
-        + oov_text(summary["oov_rate"])
+        + oov_text(
+            summary["oov_rate"], summary["ppl_known"], args.open_vocab, oov_options(args, config)
+        )
     )
     return 0
 
