@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -408,3 +409,61 @@ def test_a_base_model_skips_the_heads_only_steps(model_dir, tmp_path):
     assert all(torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
     trainer.train_step(trainer.batches[2], 1e-2)
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+@pytest.fixture(scope="module")
+def exportable_run(model_dir, tmp_path_factory):
+    """A trained hf run with WDR heads (read-only)."""
+    root = tmp_path_factory.mktemp("export")
+    config = write_config(root / "c.toml", model_dir, "wdr", "cross_entropy")
+    run = root / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--set", "train.max_steps=2"]) == 0
+    return run
+
+
+def test_an_export_replacement_cut_between_its_renames_is_finished_by_the_next_call(
+    exportable_run, tmp_path
+):
+    """export --force writes the new directory in ``.NAME-*/export``, moves the old one to
+    ``.NAME-*/replaced``, then the new one into place; a kill between the two renames leaves
+    --output missing. The next export puts the complete new one in place first; leftovers of
+    other kills (a copy cut while written) are removed."""
+    out = tmp_path / "exported"
+    assert main(["export", str(exportable_run), "--output", str(out)]) == 0
+    cut = tmp_path / ".exported-k1ll3d"  # the state the kill leaves
+    cut.mkdir()
+    shutil.copytree(out, cut / "export")
+    (cut / "export" / "new-marker").write_text("the new export")
+    out.rename(cut / "replaced")
+    partial = tmp_path / ".exported-p4rt14l"  # a copy cut while it was written
+    (partial / "export").mkdir(parents=True)
+    assert main(["export", str(exportable_run), "--output", str(out)]) == 2  # not empty: kept
+    assert (out / "new-marker").is_file()  # the cut replacement, finished
+    assert list(tmp_path.glob(".exported-*")) == []
+    assert main(["export", str(exportable_run), "--output", str(out), "--force"]) == 0
+    assert not (out / "new-marker").exists() and (out / "heads.safetensors").is_file()
+
+
+def test_an_export_to_a_full_disk_is_one_line_and_replaces_nothing(
+    exportable_run, tmp_path, monkeypatch, capsys
+):
+    from safetensors import SafetensorError
+
+    out = tmp_path / "exported"
+    assert main(["export", str(exportable_run), "--output", str(out)]) == 0
+    before = sorted(p.name for p in out.iterdir())
+
+    def full(*args, **kwargs):
+        raise SafetensorError(
+            "Error while serializing: IoError(Os { code: 28, kind: "
+            'StorageFull, message: "No space left on device" }) (os error 28)'
+        )
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    capsys.readouterr()
+    assert main(["export", str(exportable_run), "--output", str(out), "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no space left on the device" in err and "nothing was replaced" in err
+    assert "\n" not in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert list(tmp_path.glob(".exported-*")) == []

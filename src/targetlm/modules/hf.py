@@ -22,6 +22,7 @@ with one line saying what to install.
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -401,23 +402,60 @@ def export(
         raise ConfigError("export: the run has no hf backbone (model.backbone.kind = 'hf')")
     pretrained = model.encoder.pretrained[0]
     target = Path(target)
+    recover_export(target)
     if target.exists() and any(target.iterdir()) and not replace:
         raise ConfigError(f"export: {target} exists and is not empty")
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as tmp:
         staging = Path(tmp) / "export"
         staging.mkdir()  # the umask's mode
-        pretrained.save_pretrained(staging)
-        if tokenizer_dir is not None:
-            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-                if (tokenizer_dir / name).is_file():
-                    shutil.copyfile(tokenizer_dir / name, staging / name)
-        if isinstance(model.heads, NgramHeads):
-            heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
-            metadata = {"kind": type(model.heads).__name__, "n": str(model.heads.num_predictions)}
-            save_file(heads, str(staging / "heads.safetensors"), metadata=metadata)
-        if (
-            target.exists()
-        ):  # empty, or replaced: moved into the temporary directory, removed with it
+        try:
+            pretrained.save_pretrained(staging)
+            if tokenizer_dir is not None:
+                for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                    if (tokenizer_dir / name).is_file():
+                        shutil.copyfile(tokenizer_dir / name, staging / name)
+            if isinstance(model.heads, NgramHeads):
+                heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
+                kind, n = type(model.heads).__name__, str(model.heads.num_predictions)
+                save_file(
+                    heads, str(staging / "heads.safetensors"), metadata={"kind": kind, "n": n}
+                )
+        except Exception as error:  # a full disk: OSError, or safetensors' own error
+            reason = _disk_full_reason(error)
+            if reason is None:
+                raise
+            raise ConfigError(f"export: {reason} writing {target}; nothing was replaced") from None
+        # the old directory moves aside (into the temporary one, removed with it), then the new
+        # one into place: a kill between the two renames leaves both here, and the next export
+        # to the same output finishes the replacement first (recover_export)
+        if target.exists():
             target.rename(Path(tmp) / "replaced")
         staging.rename(target)
+
+
+def recover_export(target: Path) -> None:
+    """Finish or clear what an export to ``target`` cut short left beside it (its
+    ``.NAME-*`` temporary directories): a replacement killed between its two renames (the old
+    export moved aside, the new one complete and not yet in place) is completed; anything
+    else (a copy cut while it was written, a replaced directory not yet removed) is removed."""
+    target = Path(target)
+    for leftover in sorted(target.parent.glob(f".{target.name}-*")):
+        if not leftover.is_dir() or leftover.is_symlink():
+            continue
+        staged, replaced = leftover / "export", leftover / "replaced"
+        if not target.exists() and replaced.is_dir() and staged.is_dir():
+            staged.rename(target)  # written whole before the old one was moved aside
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _disk_full_reason(error: BaseException) -> str | None:
+    """What a full disk or quota reads as in ``error`` (an OSError, or safetensors' error that
+    carries the OS error number in its message), or None when it is something else."""
+    from targetlm.files import DiskFullError, disk_full
+
+    code = disk_full(error) if isinstance(error, OSError) else None
+    if code is None:
+        match = re.search(r"os error (\d+)", str(error))
+        code = disk_full(OSError(int(match.group(1)), str(error))) if match else None
+    return str(DiskFullError(code, "").strerror) if code else None
