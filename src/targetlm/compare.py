@@ -266,6 +266,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise CompareError(f"{path}: not valid TOML ({error})") from None
+    except RecursionError:
+        raise CompareError(f"{path}: not a config (its values are nested too deeply)") from None
 
 
 def _read_json(path: Path) -> Any:
@@ -273,6 +275,8 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CompareError(f"{path}: not valid JSON ({error})") from None
+    except RecursionError:
+        raise CompareError(f"{path}: not a record (nested too deeply)") from None
 
 
 def _put(figures: dict, key: FigureKey, lam: float, value: Any, overwrite: bool) -> None:
@@ -332,13 +336,15 @@ def _validation_log(path: Path) -> tuple[tuple[int, int] | None, list[tuple[int,
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise CompareError(f"{path}: not UTF-8 text ({error})") from None
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill: the rest of the log still counts
+        except RecursionError:
+            raise CompareError(f"{path}, line {number}: not a record (nested too deeply)") from None
         if entry.get("kind") == "valid" and "ppl" in entry:
             by_step[int(entry["step"])] = (int(entry.get("epoch", 0)), float(entry["ppl"]))
     if not by_step:

@@ -174,6 +174,20 @@ def append_metrics(path: str | Path, record: dict[str, Any]) -> None:
             raise
 
 
+def read_results(path: str | Path) -> dict[str, Any]:
+    """A finished run's ``results.json`` at ``path``: a JSON object, else :class:`RunDirError`
+    naming the file (not JSON, not UTF-8, nested too deeply, or not an object)."""
+    hint = "remove it and resume again to evaluate the run anew"
+    try:
+        results = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise RunDirError(f"{path}: not valid JSON ({reason.splitlines()[0]}); {hint}") from None
+    if not isinstance(results, dict):
+        raise RunDirError(f"{path}: not a run's results (a JSON object); {hint}")
+    return results
+
+
 def read_metrics(path: str | Path, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """The records of ``metrics.jsonl`` at ``path``. A last line that is not a whole record (a
     kill or a full disk in the middle of an append) is dropped with a warning (``log``); a bad
@@ -185,6 +199,10 @@ def read_metrics(path: str | Path, log: Callable[[str], None] = print) -> list[d
             record = json.loads(line)
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                 raise ValueError("not a metrics record")
+        except RecursionError:
+            raise RunDirError(
+                f"{path}, line {number}: not a metrics record (nested too deeply)"
+            ) from None
         except ValueError as error:
             if number == len(lines):
                 log(f"warning: {path}, line {number}: dropped a torn last line ({line[:40]!r})")

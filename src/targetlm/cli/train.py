@@ -12,8 +12,8 @@ from pathlib import Path
 from targetlm import builders
 from targetlm import config as config_lib
 from targetlm.registry import ConfigError
-from targetlm.rundir import RunDirError
-from targetlm.runs import CONFIG
+from targetlm.rundir import RunDirError, read_results
+from targetlm.runs import CONFIG, RESULTS
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
         if not (args.run_dir / CONFIG).is_file():
             raise RunDirError(f"nothing to resume: {args.run_dir / CONFIG} does not exist")
         args.config = args.run_dir / CONFIG
+    if args.resume and args.run_dir and (args.run_dir / RESULTS).is_file():
+        read_results(args.run_dir / RESULTS)  # a finished run returns them: refuse a bad one
     config = builders.load_config(args.config, args.set)
     run_dir = (
         args.run_dir or Path("runs") / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
