@@ -59,7 +59,12 @@ esac
 
 
 def run_pack(
-    tmp_path: Path, pack: str, env: dict[str, str] | None = None, args=None, stand_in=STAND_IN
+    tmp_path: Path,
+    pack: str,
+    env: dict[str, str] | None = None,
+    args=None,
+    stand_in=STAND_IN,
+    cwd: Path | None = None,
 ):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -92,6 +97,7 @@ def run_pack(
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=cwd,
     )
     recorded = [line.split("\x1f")[:-1] for line in calls.read_text().splitlines()]
     return completed, recorded, out
@@ -393,4 +399,25 @@ def test_a_pack_refuses_a_budget_that_is_not_a_whole_number(tmp_path):
         tmp_path, "inan_table1", env={"BUDGET_MIN": f"a[$(touch {marker})]"}
     )
     assert completed.returncode == 2 and "BUDGET_MIN must be a whole number" in completed.stderr
+    assert not marker.exists() and calls == []
+
+
+def test_a_relative_output_directory_is_the_callers(tmp_path):
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    completed, calls, out = run_pack(tmp_path, "inan_table1", args=["rel-out"], cwd=caller)
+    assert completed.returncode == 0, completed.stderr
+    assert (caller / "rel-out" / "records" / "base-s1").is_dir()
+    assert not (ROOT / "rel-out").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("SEEDS", "*"), ("SEEDS", "1 $(touch {marker})"), ("LAMBDAS", "0.1 2")]
+)
+def test_a_pack_refuses_a_list_a_shell_would_expand(tmp_path, name, value):
+    marker = tmp_path / "ran"
+    completed, calls, out = run_pack(
+        tmp_path, "nmt_multi30k", env={name: value.format(marker=marker)}
+    )
+    assert completed.returncode == 2 and f"{name} must be" in completed.stderr
     assert not marker.exists() and calls == []

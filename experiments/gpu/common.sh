@@ -38,7 +38,7 @@ set -uo pipefail
 
 gpu_init() {
   [[ $# -eq 1 && -n $1 ]] || { echo "usage: bash experiments/gpu/$PACK.sh OUT_DIR" >&2; exit 2; }
-  OUT_DIR=$1
+  OUT_DIR=$(realpath -m -- "$1") || exit 2  # a relative OUT_DIR is the caller's, not the repo's
   cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
   : "${TARGETLM_DATA:?set TARGETLM_DATA to the directory holding ptb/, wikitext-2/, multi30k/}"
   command -v targetlm > /dev/null || { echo "targetlm is not on PATH (bash scripts/setup.sh)" >&2; exit 2; }
@@ -48,6 +48,11 @@ gpu_init() {
     [[ -z ${!name:-} || ${!name} =~ ^[0-9]{1,6}$ ]] \
       || { echo "$PACK: $name must be a whole number of minutes or seconds, got '${!name}'" >&2; exit 2; }
   done
+  # lists the packs split into words: whole numbers (seeds) and λs, nothing a shell would expand
+  [[ -z ${SEEDS:-} || $SEEDS =~ ^[[:space:]]*[0-9]{1,9}([[:space:]]+[0-9]{1,9})*[[:space:]]*$ ]] \
+    || { echo "$PACK: SEEDS must be whole numbers separated by spaces, got '$SEEDS'" >&2; exit 2; }
+  [[ -z ${LAMBDAS:-} || $LAMBDAS =~ ^[[:space:]]*(0|1|0?\.[0-9]+)([[:space:]]+(0|1|0?\.[0-9]+))*[[:space:]]*$ ]] \
+    || { echo "$PACK: LAMBDAS must be numbers in [0, 1] separated by spaces, got '$LAMBDAS'" >&2; exit 2; }
   BUDGET_S=${BUDGET_S:-$(( ${BUDGET_MIN:-25} * 60 ))}
   PROBE_S=${PROBE_S:-60}
   EVAL_RESERVE_S=${EVAL_RESERVE_S:-180}
