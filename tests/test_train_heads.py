@@ -132,6 +132,8 @@ def test_train_heads_writes_a_whole_run_that_drafts(tiny_run, tmp_path, capsys):
     new = tmp_path / "heads"
     # what was measured on the source model would describe other heads: left behind
     (tiny_run / "eval-test.json").write_text("{}", encoding="utf-8")
+    (tmp_path / ".heads.k1ll3d.tmp").mkdir()  # a staging directory left by a killed call
+    (tmp_path / ".heads.k1ll3d.tmp" / "best.pt").write_bytes(b"half a checkpoint")
     args = ["train-heads", str(tiny_run), "--corpus", "train", "--steps", "30", "--segment", "16"]
     assert main([*args, "--run-dir", str(new), "--heads-kind", "simple", "--n", "3", "--json"]) == 0
     out = capsys.readouterr().out

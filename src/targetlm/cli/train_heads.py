@@ -161,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     # the whole run directory is built beside its place and renamed into it: never half-written
     parent = args.run_dir.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(f".{args.run_dir.name}.*.tmp"):  # left by a killed call
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{args.run_dir.name}.", suffix=".tmp", dir=parent))
     staging.chmod(0o755)
     try:
