@@ -442,17 +442,25 @@ def test_committed_heo_records_reproduce_the_paired_table(capsys, baseline):
     assert row["difference"]["paired_seeds"] == [1, 2, 3]
 
 
-def printed_tables() -> list[tuple[int, list[str], list[str]]]:
-    """(line, arguments, table lines) for each ``targetlm compare docs/records/...`` line of an
-    ``sh`` block in docs/results.md, paired with the first markdown table after that block."""
-    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+REPRODUCTIONS = REPO / "docs" / "reproductions"
+
+
+def printed_tables(
+    path: Path = REPO / "docs" / "results.md", pattern: str = r"docs/records/.*"
+) -> list[tuple[int, list[str], list[str]]]:
+    """(line, arguments, table lines) for each ``targetlm compare ARGS`` line (ARGS matching
+    ``pattern``: in docs/results.md, starting with docs/records/) of an ``sh`` block in the
+    markdown file ``path``, paired with the first markdown table after that block."""
+    text = path.read_text(encoding="utf-8")
+    name = path.relative_to(REPO)
     found = []
     for match in re.finditer(r"^```sh\n(.*?)^```", text, flags=re.M | re.S):
         line = text.count("\n", 0, match.start()) + 1
-        commands = re.findall(r"^targetlm compare (docs/records/.*)$", match.group(1), flags=re.M)
-        assert len(commands) <= 1, f"docs/results.md line {line}: one compare per block"
+        commands = re.findall(rf"^targetlm compare ({pattern})$", match.group(1), flags=re.M)
+        assert len(commands) <= 1, f"{name} line {line}: one compare per block"
         if commands:
             table = re.search(r"^\|.*?(?=^[^|]|\Z)", text[match.end() :], flags=re.M | re.S)
+            assert table, f"{name} line {line}: no table after `targetlm compare {commands[0]}`"
             argv = shlex.split(commands[0].split("#")[0])
             found.append((line, argv, table.group(0).splitlines()))
     return found
@@ -462,6 +470,16 @@ def test_results_md_has_compare_tables_to_check():
     assert len(printed_tables()) >= 5
 
 
+def check_printed_table(capsys, monkeypatch, name: str, line: int, argv: list[str], table):
+    monkeypatch.chdir(REPO)
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 0, f"{name} line {line}: {err}"
+    printed = [row for row in out.splitlines() if row.startswith("|")]
+    assert printed == table, (
+        f"{name} line {line}: the table under `targetlm compare {' '.join(argv)}` is stale"
+    )
+
+
 @pytest.mark.parametrize(
     ("line", "argv", "table"),
     [pytest.param(*case, id=f"line{case[0]}") for case in printed_tables()],
@@ -469,10 +487,29 @@ def test_results_md_has_compare_tables_to_check():
 def test_each_results_md_table_is_what_its_compare_command_prints_from_the_records(
     capsys, monkeypatch, line, argv, table
 ):
-    monkeypatch.chdir(REPO)
-    status, out, err = run_cli(capsys, *argv)
-    assert status == 0, err
-    printed = [row for row in out.splitlines() if row.startswith("|")]
-    assert printed == table, (
-        f"docs/results.md line {line}: the table under `targetlm compare {' '.join(argv)}` is stale"
-    )
+    check_printed_table(capsys, monkeypatch, "docs/results.md", line, argv, table)
+
+
+# docs/reproductions/*.md: every ``targetlm compare`` line that reads docs/records (with or
+# without a LABEL: prefix, quoted globs included) sits over the table it prints today
+REPRODUCTION_PAGES = sorted(REPRODUCTIONS.glob("*.md"))
+REPRODUCTION_TABLES = [
+    pytest.param(page, *case, id=f"{page.stem}-line{case[0]}")
+    for page in REPRODUCTION_PAGES
+    for case in printed_tables(page, pattern=r".*docs/records/.*")
+]
+
+
+def test_the_reproduction_pages_have_compare_tables_to_check():
+    pages = {page.name for page in REPRODUCTION_PAGES}
+    assert {"inan2017.md", "pappas2020.md", "heo2024.md", "heo2025.md", "README.md"} <= pages
+    checked = {case.values[0].name for case in REPRODUCTION_TABLES}
+    assert {"inan2017.md", "heo2024.md", "heo2025.md"} <= checked
+
+
+@pytest.mark.parametrize(("page", "line", "argv", "table"), REPRODUCTION_TABLES)
+def test_each_reproduction_table_is_what_its_compare_command_prints_from_the_records(
+    capsys, monkeypatch, page, line, argv, table
+):
+    name = str(page.relative_to(REPO))
+    check_printed_table(capsys, monkeypatch, name, line, argv, table)
