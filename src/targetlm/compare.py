@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import io
 import json
 import math
@@ -64,6 +65,10 @@ IGNORED_KEYS = frozenset(
     }
 )
 SEED_SUFFIX = re.compile(r"-s(\d+)$")
+# the largest step a metrics.jsonl record may name (a float holds every whole number up to it)
+MAX_STEP = 2**53
+# the most points of a learning curve drawn by --plot (a longer one is thinned evenly)
+MAX_PLOTTED_POINTS = 2000
 TRANSLATE_NAME = re.compile(r"translate-(val|valid|test)-(.*)\.json")
 LAMBDA_PART = re.compile(r"(?:^|-)lambda([0-9.]+)(?=-|$)")
 SPLIT_NAMES = {"val": "valid", "valid": "valid", "test": "test"}
@@ -141,12 +146,16 @@ def split_label(argument: str) -> tuple[str, Path]:
     return "", Path(argument)
 
 
-def discover(arguments: Sequence[str]) -> tuple[list[Run], list[Path]]:
+def discover(
+    arguments: Sequence[str], skipped_links: list[Path] | None = None
+) -> tuple[list[Run], list[Path]]:
     """The runs named by the command line's ``[LABEL:]DIR`` arguments.
 
     A DIR is a run or a folder holding runs at any depth (a run's own subfolders are not
     searched). Inside a folder, a directory with a config.toml but no result file yet is an
-    unfinished run: it is skipped and returned in the second list.
+    unfinished run: it is skipped and returned in the second list. A symbolic link inside a
+    folder is not followed (it may lead out of it, or around in a loop): it is skipped and
+    added to ``skipped_links`` where given.
 
     Raises:
         CompareError: a DIR that does not exist, is an unfinished run, or holds no run.
@@ -156,7 +165,8 @@ def discover(arguments: Sequence[str]) -> tuple[list[Run], list[Path]]:
     for argument in arguments:
         label, pattern = split_label(argument)
         for root in _expand(pattern):
-            runs += [read_run(path, label) for path in _runs_under(root, unfinished)]
+            found = _runs_under(root, unfinished, skipped_links)
+            runs += [read_run(path, label) for path in found]
     return runs, unfinished
 
 
@@ -173,7 +183,9 @@ def _expand(pattern: Path) -> list[Path]:
     return matches
 
 
-def _runs_under(root: Path, unfinished: list[Path]) -> list[Path]:
+def _runs_under(
+    root: Path, unfinished: list[Path], skipped_links: list[Path] | None = None
+) -> list[Path]:
     """The runs of one DIR argument: itself, or the runs it holds."""
     if not root.is_dir():
         raise CompareError(f"{root}: no such directory")
@@ -183,7 +195,7 @@ def _runs_under(root: Path, unfinished: list[Path]) -> list[Path]:
             "eval-*.json or translate-*.json"
         )
     before = len(unfinished)
-    found = _find_runs(root, unfinished)
+    found = _find_runs(root, unfinished, [] if skipped_links is None else skipped_links)
     if not found and len(unfinished) > before:
         shown = ", ".join(str(path) for path in unfinished[before:])
         raise CompareError(f"{root} holds only unfinished runs (no results yet): {shown}")
@@ -195,15 +207,18 @@ def _runs_under(root: Path, unfinished: list[Path]) -> list[Path]:
     return found
 
 
-def _find_runs(root: Path, unfinished: list[Path]) -> list[Path]:
+def _find_runs(root: Path, unfinished: list[Path], skipped_links: list[Path]) -> list[Path]:
     if is_run(root):
         return [root]
     if (root / "config.toml").is_file():
         unfinished.append(root)
         return []
     found = []
-    for child in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        found += _find_runs(child, unfinished)
+    for child in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
+        if child.is_symlink():
+            skipped_links.append(child)
+        elif child.is_dir():
+            found += _find_runs(child, unfinished, skipped_links)
     return found
 
 
@@ -224,6 +239,8 @@ def _read_run(path: Path, label: str) -> Run:
     match = SEED_SUFFIX.search(path.name)
     preset = path.name[: match.start()] if match else path.name
     seed = config.get("train.seed", int(match[1]) if match else None)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ValueError(f"train.seed = {seed!r} is not a whole number")
     run = Run(path=path, preset=preset, label=label, seed=seed, config=config)
     results = _read_json(path / "results.json") if (path / "results.json").is_file() else None
     if results is not None:
@@ -279,9 +296,20 @@ def _read_json(path: Path) -> Any:
         raise CompareError(f"{path}: not a record (nested too deeply)") from None
 
 
+def _lambda(value: Any) -> float:
+    """A record's head-ensemble λ, a number in [0, 1] (ValueError otherwise)."""
+    lam = float(value or 0.0)
+    if not 0.0 <= lam <= 1.0:  # NaN too
+        raise ValueError(f"ensemble λ {value!r} is not in [0, 1]")
+    return lam
+
+
 def _put(figures: dict, key: FigureKey, lam: float, value: Any, overwrite: bool) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
+    if not math.isfinite(value):
+        split, metric, _ = key
+        raise ValueError(f"{split} {metric} is {value}, not a figure")
     by_lambda = figures.setdefault(key, {})
     if overwrite or lam not in by_lambda:
         by_lambda[lam] = float(value)
@@ -293,7 +321,7 @@ def _add_split_figures(figures: dict, splits: dict, overwrite: bool) -> None:
         entry = splits.get(split)
         if not isinstance(entry, dict):
             continue
-        lam = float(entry.get("ensemble_lambda") or 0.0)
+        lam = _lambda(entry.get("ensemble_lambda"))
         for metric in METRICS:
             _put(figures, (split, metric, DEFAULT_DECODING), lam, entry.get(metric), overwrite)
 
@@ -308,8 +336,9 @@ def _add_eval_figures(figures: dict, result: dict, split: str) -> None:
     key = (split, "ppl", DEFAULT_DECODING)
     _put(figures, key, 0.0, result["ppl"], overwrite=True)
     for row in result.get("ensemble", []):
-        if float(row["lambda"]) != 0.0:
-            _put(figures, key, float(row["lambda"]), row.get("ppl"), overwrite=True)
+        lam = _lambda(row["lambda"])
+        if lam != 0.0:
+            _put(figures, key, lam, row.get("ppl"), overwrite=True)
 
 
 def _add_translate_figures(figures: dict, path: Path) -> None:
@@ -320,10 +349,10 @@ def _add_translate_figures(figures: dict, path: Path) -> None:
     summary = _read_json(path)
     found = LAMBDA_PART.search(rest)
     if found is not None:
-        lam = float(found[1])
+        lam = _lambda(found[1])
         decoding = (rest[: found.start()] + rest[found.end() :]).strip("-")
     else:
-        lam = float(summary.get("ensemble_lambda") or 0.0)
+        lam = _lambda(summary.get("ensemble_lambda"))
         decoding = rest
     for metric in ("bleu", "chrf"):
         _put(figures, (split, metric, decoding), lam, summary.get(metric), overwrite=True)
@@ -345,8 +374,13 @@ def _validation_log(path: Path) -> tuple[tuple[int, int] | None, list[tuple[int,
             continue  # a line cut by a kill: the rest of the log still counts
         except RecursionError:
             raise CompareError(f"{path}, line {number}: not a record (nested too deeply)") from None
-        if entry.get("kind") == "valid" and "ppl" in entry:
-            by_step[int(entry["step"])] = (int(entry.get("epoch", 0)), float(entry["ppl"]))
+        if isinstance(entry, dict) and entry.get("kind") == "valid" and "ppl" in entry:
+            step, ppl = entry["step"], entry["ppl"]
+            if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+                raise CompareError(f"{path}, line {number}: step {step!r} is not a step count")
+            if not isinstance(ppl, (int, float)) or not math.isfinite(ppl):
+                raise CompareError(f"{path}, line {number}: valid ppl {ppl!r} is not a figure")
+            by_step[step] = (int(entry.get("epoch", 0)), float(ppl))
     if not by_step:
         return None, []
     ordered = sorted(by_step.items())
@@ -950,6 +984,9 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
         steps = sorted(set.intersection(*(set(c) for c in curves)))
         if not steps:
             continue
+        if len(steps) > MAX_PLOTTED_POINTS:  # more than a figure can show: evenly thinned
+            stride = math.ceil(len(steps) / MAX_PLOTTED_POINTS)
+            steps = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
         values = [[c[s] for c in curves] for s in steps]
         color = colors[row.group.name]
         axes[0].plot(
@@ -984,5 +1021,8 @@ def plot(rows: Sequence[Row], path: str | Path) -> None:
         if axes[1].lines:
             axes[1].legend(fontsize="small")
     fig.tight_layout()
+    path = Path(path)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):  # left by a killed write
+        stale.unlink(missing_ok=True)
     write_figure(path, fig)
     plt.close(fig)

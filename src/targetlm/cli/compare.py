@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
                 )
             if not plot.parent.is_dir():
                 raise compare.CompareError(f"--plot: no directory {plot.parent} to write into")
-        runs, unfinished = compare.discover(args.dirs)
+        links: list[Path] = []
+        runs, unfinished = compare.discover(args.dirs, links)
         if args.plot is not None:  # never over a compared run's file; --force to replace
             inputs = [path for run in runs for path in run_inputs(run.path)]
             inputs += [path for run_dir in unfinished for path in run_inputs(run_dir)]
@@ -47,6 +48,12 @@ def run(args: argparse.Namespace) -> int:
         shown = ", ".join(str(path) for path in unfinished)
         print(
             f"targetlm compare: skipped unfinished runs (no results yet): {shown}", file=sys.stderr
+        )
+    if links:
+        shown = ", ".join(str(path) for path in links)
+        print(
+            f"targetlm compare: skipped symbolic links (not followed out of a folder): {shown}",
+            file=sys.stderr,
         )
     formats = {"md": compare.to_markdown, "csv": compare.to_csv, "json": compare.to_json}
     sys.stdout.write(formats[args.format](rows))
