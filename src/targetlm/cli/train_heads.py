@@ -18,7 +18,11 @@ from pathlib import Path
 import torch
 
 from targetlm.checkpoint import CheckpointError
-from targetlm.registry import ConfigError
+from targetlm.registry import MAX_SEED, MAX_SIZE, ConfigError
+
+# the largest AdamW rate and body-state cache (MiB) train-heads takes: far beyond any useful one
+MAX_LR = 10.0
+MAX_CACHE_MB = 2**30
 
 # files of the source run that the new run does not carry over (rewritten or training-only)
 NOT_COPIED = {
@@ -199,13 +203,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    for name in ("steps", "segment", "batch_size", "cache_mb", "log_every"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    """Each numeric flag in a range the training can run (before anything is read)."""
+    limits = {"steps": MAX_SIZE, "segment": MAX_SIZE, "batch_size": MAX_SIZE}
+    limits |= {"log_every": MAX_SIZE, "cache_mb": MAX_CACHE_MB}
+    for name, most in limits.items():
+        value = getattr(args, name)
+        if not 1 <= value <= most:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 and <= {most}, got {value}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be >= 0 and <= {MAX_SEED}, got {args.seed}")
     if not 0 < args.held_out < 1:
         raise ConfigError(f"--held-out must be in (0, 1), got {args.held_out}")
-    if not 0 < args.lr < math.inf:
-        raise ConfigError(f"--lr must be a finite number > 0, got {args.lr}")
+    if not 0 < args.lr <= MAX_LR:
+        raise ConfigError(f"--lr must be a finite number > 0 and <= {MAX_LR:g}, got {args.lr}")
 
 
 def _heads_config(current, args: argparse.Namespace, component_config):
