@@ -69,3 +69,28 @@ def test_two_sharded_processes_take_the_steps_of_one_and_resume_in_one(tmp_path)
         ours = model.logits(model(ids, run_heads=False).main)
         assert torch.allclose(plain(ids).logits, ours, atol=1e-5)
     assert json.loads((two / "results.json").read_text())["steps"] == 6
+
+
+@pytest.mark.slow  # torchrun processes: about 40 s; CI runs the slow set
+def test_a_sharded_checkpoint_of_the_heads_only_warm_up_resumes(tmp_path):
+    """During train.heads_only_steps only the heads have optimiser state: a checkpoint taken
+    then resumes (it once failed: "Missing key in checkpoint state_dict: optimizer.state...")
+    and the resumed run takes the steps of an uninterrupted one."""
+    from test_hf import write_config, write_model
+
+    model_dir = write_model(tmp_path / "llama", "llama")
+    config = builders.load_config(
+        write_config(tmp_path / "c.toml", model_dir),
+        ["train.parallel=fsdp", "train.schedule=constant", "train.heads_only_steps=3"],
+    )
+    one = Trainer(config.replace(["train.max_steps=4"]), tmp_path / "one", log=_quiet).train()
+    two = tmp_path / "two"
+    path = _write(config, tmp_path / "config.toml")
+    stopped = _torchrun(path, two, "--set", "train.max_steps=2")  # inside the warm-up
+    assert stopped.returncode == 0, stopped.stderr
+    resumed = _torchrun(path, two, "--resume", "--set", "train.max_steps=4")
+    assert resumed.returncode == 0, resumed.stderr
+    single, double = _records(tmp_path / "one", "train"), _records(two, "train")
+    assert [r["step"] for r in double] == [r["step"] for r in single] == [1, 2, 3, 4]
+    assert [r["loss"] for r in double] == pytest.approx([r["loss"] for r in single], abs=1e-5)
+    assert json.loads((two / "results.json").read_text())["steps"] == one["steps"] == 4

@@ -389,6 +389,10 @@ class Trainer:
                 f"match the training data's vocabulary ({len(self.vocab)} words)"
             )
         if "sharded" in checkpoint:  # train.parallel = "fsdp": beside it, any number of ranks
+            # the optimiser state it holds is that of the parameters then trained: during the
+            # heads-only warm-up, the heads' alone (torch builds the state it reads into from
+            # the parameters that require gradients)
+            self._freeze_body(checkpoint["progress"]["step"] < self.config.train.heads_only_steps)
             distributed.load_sharded(
                 self.step_module, self.optimizer, self.run_dir / checkpoint["sharded"]
             )
