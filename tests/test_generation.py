@@ -292,6 +292,16 @@ def test_cli_json_and_prompt_file(heads_run, transformer_run, tmp_path, capsys):
     assert len(out.split()) > 20  # two prompts and their continuations
 
 
+def test_a_vanishing_temperature_or_top_p_is_greedy_decoding(heads_run, capsys):
+    """--temperature and --top-p as small as a float can be are their limits (the argmax), not
+    a sampler error from logits / T overflowing or a nucleus emptied."""
+    args = ["--prompt", "the", "--max-tokens", "8", "--seed", "1", "--json"]
+    (greedy,) = json.loads(cli(capsys, heads_run, *args, "--temperature", "0")[0])
+    for options in (["--temperature", "1e-300"], ["--top-p", "1e-300"]):
+        (tiny,) = json.loads(cli(capsys, heads_run, *args, *options)[0])
+        assert tiny["text"] == greedy["text"], options
+
+
 def test_cli_stop_string(heads_run, capsys):
     args = ["--prompt", "the", "--max-tokens", "20", "--temperature", "0", "--json"]
     (full,) = json.loads(cli(capsys, heads_run, *args)[0])

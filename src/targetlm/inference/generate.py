@@ -85,7 +85,9 @@ def restrict_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) ->
         ordered, order = logits.sort(-1, descending=True)
         probs = ordered.softmax(-1)
         before = probs.cumsum(-1) - probs  # the mass of the more likely tokens
-        ordered = ordered.masked_fill(before >= top_p, float("-inf"))
+        outside = before >= top_p
+        outside[..., 0] = False  # (a top_p below float32's smallest value reads as 0)
+        ordered = ordered.masked_fill(outside, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, ordered)
     return logits
 
@@ -102,7 +104,11 @@ def next_tokens(
     every device)."""
     if temperature == 0:
         return logits.argmax(-1)
-    probs = restrict_logits(logits.float() / temperature, top_k, top_p).softmax(-1)
+    scaled = logits.float() / temperature
+    if not bool(torch.isfinite(scaled[logits.isfinite()]).all()):
+        # so small a temperature that logits / temperature overflows: its limit, the argmax
+        return logits.argmax(-1)
+    probs = restrict_logits(scaled, top_k, top_p).softmax(-1)
     return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(logits.device)
 
 
