@@ -111,3 +111,27 @@ def test_prompts_given_on_the_command_line_are_split_alike():
 def test_read_text_refuses_a_directory(tmp_path):
     with pytest.raises(DataError, match="is a directory"):
         read_text(tmp_path)
+
+
+def test_an_endless_binary_device_is_refused_at_once(capsys):
+    """`generate --prompt-file /dev/zero` was read until memory ran out: the first piece's NUL
+    byte ends it with one line."""
+    from targetlm.cli import main
+
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero here")
+    rc = main(["generate", "configs/quickstart.toml", "--prompt-file", "/dev/zero"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "/dev/zero, line 1: a NUL character" in err and "\n" not in err
+
+
+def test_a_text_past_the_size_bound_is_refused_in_one_line(tmp_path, monkeypatch):
+    from targetlm.data import vocab
+
+    monkeypatch.setattr(vocab, "MAX_TEXT_BYTES", 100)
+    path = tmp_path / "big.txt"
+    path.write_text("word " * 50, encoding="utf-8")
+    with pytest.raises(DataError, match="larger than 100 bytes"):
+        read_text(path)
+    path.write_text("word " * 10, encoding="utf-8")
+    assert read_text(path) == "word " * 10

@@ -60,10 +60,7 @@ def read_text(path: str | Path, kind: str = "corpus file", separators: bool = Tr
         raise DataError(f"{path} is a directory, not a text file")
     if not path.exists():  # a pipe (`--file <(...)`) or a device reads as a file does
         raise DataError(f"{kind} not found: {path}")
-    try:
-        raw = path.read_bytes()
-    except OSError as error:  # unreadable: permissions, a broken device
-        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
+    raw = _read_bounded(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -77,6 +74,35 @@ def read_text(path: str | Path, kind: str = "corpus file", separators: bool = Tr
         raise DataError(f"{path}, line {line}: a NUL character (binary data, not text)")
     text = text.removeprefix(BOM)
     return normalize_separators(text) if separators else text
+
+
+# the largest text file read (whole, into memory): more is refused before memory runs out
+MAX_TEXT_BYTES = 2**32
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of ``path``, read in pieces: a NUL byte (binary data: ``/dev/zero``) is refused
+    at the piece it is in, and a file past :data:`MAX_TEXT_BYTES` when it gets there, each in
+    one :class:`DataError`, instead of reading until memory runs out."""
+    pieces: list[bytes] = []
+    size, lines = 0, 0
+    try:
+        with path.open("rb") as handle:
+            while piece := handle.read(1 << 24):
+                nul = piece.find(b"\0")
+                if nul >= 0:
+                    line = lines + piece.count(b"\n", 0, nul) + 1
+                    raise DataError(f"{path}, line {line}: a NUL character (binary data, not text)")
+                size, lines = size + len(piece), lines + piece.count(b"\n")
+                if size > MAX_TEXT_BYTES:
+                    raise DataError(
+                        f"{path}: larger than {MAX_TEXT_BYTES:,} bytes, the most a text is read "
+                        "whole; split it"
+                    )
+                pieces.append(piece)
+    except OSError as error:  # unreadable: permissions, a broken device
+        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
+    return b"".join(pieces)
 
 
 def read_text_lines(
