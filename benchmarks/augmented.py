@@ -4,7 +4,7 @@ The small VD-LSTM (2x200, vocabulary 10k, batch 20, BPTT 35) on Zipf-distributed
 the preset; the same model and data for both objectives, timed in alternating rounds (ABBA)
 so machine noise hits both; the ratio is of median step times in one run.
 
-    python benchmarks/augmented.py [--rounds 6] [--steps 10] [--threads N]
+    python benchmarks/augmented.py [--rounds 6] [--steps 10] [--threads N] [--quick]
 
 Prints a table and one line ``JSON {...}``. AL adds one (N, V) similarity matmul
 (E_out[y] · E_outᵀ) and two (N, V) softmaxes per step, so it should cost roughly one more
@@ -14,11 +14,9 @@ logit layer.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 
 import torch
-from common import timed, zipf_ids
+from common import emit, interleaved, medians, timed, zipf_ids
 
 from targetlm import config as config_lib
 from targetlm.modules import build_model, detach_state
@@ -55,7 +53,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 1 step")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 2, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     config = config_lib.load(args.config, ["data.name=synthetic"])
@@ -64,14 +65,10 @@ def main() -> None:
         "cross_entropy": make_step(config, "cross_entropy", {}),
         "augmented": make_step(config, "augmented", al_options),
     }
+    sides = {name: (lambda step=step: timed(step, args.steps)) for name, step in steps.items()}
     for step in steps.values():  # warm-up
         timed(step, 2)
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    order = list(steps)
-    for round_index in range(args.rounds):
-        for name in order if round_index % 2 == 0 else order[::-1]:
-            times[name].append(timed(steps[name], args.steps))
-    median = {name: statistics.median(t) for name, t in times.items()}
+    median = medians(interleaved(sides, args.rounds))
     ratio = median["augmented"] / median["cross_entropy"]
     print(f"{'objective':<16}{'ms/step':>10}{'tok/s':>10}")
     for name, seconds in median.items():
@@ -83,7 +80,7 @@ def main() -> None:
         "ms_per_step": {k: v * 1e3 for k, v in median.items()},
         "al_over_ce": ratio,
     }
-    print("JSON " + json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

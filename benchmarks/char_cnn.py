@@ -15,26 +15,19 @@ Each is timed forward + backward of ``encodings.square().sum()`` in alternating 
 ratio to ``single`` in the same run. ``--profile`` also prints the top kernels of one GroC
 training step (``benchmarks/outputs.py``'s ``groc_p1`` variant).
 
-    python benchmarks/char_cnn.py [--device cuda] [--rounds R] [--steps K] [--profile]
+    python benchmarks/char_cnn.py [--device cuda] [--rounds R] [--steps K] [--profile] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from common import emit, interleaved, medians, timed
 from outputs import Variant, vocabulary, zipf_batches
 
 from targetlm.modules.char_cnn import CharCnn, index_strings
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def conv1d(cnn: CharCnn, chars: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -68,7 +61,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 1 step")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 2, 1
     device = torch.device(args.device)
     words, lexicon, source = vocabulary(None)
     index = index_strings(words, lexicon.truncated(3, 10), True, True, 20, 6)
@@ -93,23 +89,25 @@ def main() -> None:
     reference = layout("grouped")().detach()
     for name in names:  # loose: cuDNN convolutions may use TF32
         torch.testing.assert_close(layout(name)().detach(), reference, rtol=1e-2, atol=2e-3)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for name in names if r % 2 == 0 else reversed(names):
-            run = layout(name)
-            _sync(device)
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                cnn.zero_grad(set_to_none=True)
-                run().square().sum().backward()
-            _sync(device)
-            samples[name].append((time.perf_counter() - start) / args.steps)
-    ms = {n: statistics.median(v) * 1e3 for n, v in samples.items()}
+
+    def side(name: str):
+        run = layout(name)
+
+        def step() -> None:
+            cnn.zero_grad(set_to_none=True)
+            run().square().sum().backward()
+
+        return lambda: timed(step, args.steps, device)
+
+    ms = {
+        n: s * 1e3
+        for n, s in medians(interleaved({n: side(n) for n in names}, args.rounds)).items()
+    }
     print(f"{len(words):,} words ({source}), {len(lengths):,} strings, buckets {splits}")
     for name in names:
         print(f"{name:<10}{ms[name]:>9.2f} ms  x single {ms[name] / ms['single']:.2f}")
     result = {"ms_fwd_bwd": ms, "strings": len(lengths), "device": str(device)}
-    print("JSON " + json.dumps(result))
+    emit(result)
     if args.profile:
         variant = Variant("groc_p1", words, lexicon, zipf_batches(len(words), 4), device)
         for _ in range(3):

@@ -6,20 +6,17 @@ one pass runs the encoder and the heads once and the logit layer once per stream
 λ), each stream's probabilities then mixed with the one neural cache. Rounds alternate the
 order of the two variants; the median is reported.
 
-    python benchmarks/combiners.py [--tokens 20000] [--rounds 3] [--json-out F]
+    python benchmarks/combiners.py [--tokens 20000] [--rounds 3] [--json-out F] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
-from common import zipf_ids
+from common import emit, interleaved, medians, seconds_of, zipf_ids
 
 from targetlm import config as config_lib
 from targetlm.config import ComponentConfig
@@ -38,7 +35,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 tokens, 2 rounds")
     args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.rounds = 1000, 2
     if args.threads:
         torch.set_num_threads(args.threads)
     config = config_lib.load(args.config, ["data.name=synthetic"])
@@ -62,15 +62,8 @@ def main() -> None:
         cached = score_streams(model, vocab, tokens, combiners=Combiners(**cache), **batching)
         return [cached[0], *ensemble[1:]]
 
-    variants = {"one_pass": one_pass, "two_passes": two_passes}
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for round_index in range(args.rounds):
-        order = list(variants) if round_index % 2 == 0 else list(variants)[::-1]
-        for name in order:
-            started = time.perf_counter()
-            variants[name]()
-            times[name].append(time.perf_counter() - started)
-    median = {name: statistics.median(t) for name, t in times.items()}
+    variants = {"one_pass": seconds_of(one_pass), "two_passes": seconds_of(two_passes)}
+    median = medians(interleaved(variants, args.rounds))
     ratio = median["one_pass"] / median["two_passes"]
     print(f"{'variant':<12}{'s/pass':>10}{'tok/s':>10}")
     for name, seconds in median.items():
@@ -86,9 +79,7 @@ def main() -> None:
         "seconds": median,
         "one_over_two": ratio,
     }
-    if args.json_out:
-        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("JSON " + json.dumps(result))
+    emit(result, args.json_out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ The Zaremba small LSTM preset (2x200, vocabulary 10k, batch 20, BPTT 35) on Zipf
 tokens; every variant trains the same model and data, timed in rounds whose order rotates so
 machine noise hits all of them; ratios are of median step times in one run.
 
-    python benchmarks/heads.py [--rounds 4] [--steps 5] [--threads N] [--json-out PATH]
+    python benchmarks/heads.py [--rounds 4] [--steps 5] [--threads N] [--json-out PATH] [--quick]
 
 Prints a table and one line ``JSON {...}``. Each head adds its MLP (two d×d matmuls) and one
 more logit layer (B·T × d × V) plus its softmax, forward and backward, so with V ≫ d a head
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import statistics
 from pathlib import Path
 
 import torch
-from common import timed, zipf_ids
+from common import emit, interleaved, medians, timed, zipf_ids
 
 from targetlm import config as config_lib
 from targetlm.config import ComponentConfig
@@ -84,7 +82,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 1 step")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 2, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     config = config_lib.load(args.config, ["data.name=synthetic"])
@@ -95,12 +96,8 @@ def main() -> None:
         steps[name], model = make_step(config, kind, n, data)
         flops[name] = step_flops(model)
         timed(steps[name], 1)  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(args.rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            times[name].append(timed(steps[name], args.steps))
-    median = {name: statistics.median(t) for name, t in times.items()}
+    sides = {name: (lambda step=steps[name]: timed(step, args.steps)) for name in names}
+    median = medians(interleaved(sides, args.rounds, order="rotate"))
     base = median["baseline"]
     print(f"{'variant':<12}{'ms/step':>10}{'ratio':>8}{'FLOP ratio':>12}")
     rows = {}
@@ -115,9 +112,7 @@ def main() -> None:
         "steps": args.steps,
         "variants": rows,
     }
-    if args.json_out:
-        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("JSON " + json.dumps(result))
+    emit(result, args.json_out)
 
 
 if __name__ == "__main__":

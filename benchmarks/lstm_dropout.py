@@ -11,7 +11,7 @@ SGD) on Zipf-distributed ids. Input, between-layer and output dropout are the pr
 ``lstm_recurrence`` compiled by ``torch.jit.script``). Timed in rounds whose order rotates;
 ratios are of median step times in one run.
 
-    python benchmarks/lstm_dropout.py [--rounds 5] [--steps 5] [--threads 1] [--out PATH]
+    python benchmarks/lstm_dropout.py [--rounds 5] [--steps 5] [--threads 1] [--out PATH] [--quick]
 
 Prints a table and one line ``JSON {...}``, also written to ``--out``.
 """
@@ -19,13 +19,11 @@ Prints a table and one line ``JSON {...}``, also written to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from common import timed, zipf_ids
+from common import emit, interleaved, median, spread, timed, zipf_ids
 
 from targetlm import config as config_lib
 from targetlm.modules import LstmEncoder, build_model, detach_state, encoders
@@ -114,8 +112,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("docs/lstm_dropout.json"))
+    parser.add_argument("--out", type=Path, help="default docs/lstm_dropout.json (none: --quick)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 1 step")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 2, 1
+    elif args.out is None:
+        args.out = Path("docs/lstm_dropout.json")
     torch.set_num_threads(args.threads)
     scripted = torch.jit.script(encoders.lstm_recurrence)
     data = zipf_ids(VOCAB, (BATCH, BPTT + 1))
@@ -129,23 +132,22 @@ def main() -> None:
     for step in steps.values():
         timed(step, 2)  # warm-up (and the TorchScript profiling runs)
     names = list(steps)
-    times: dict[tuple[str, str], list[float]] = {name: [] for name in names}
-    for round_index in range(args.rounds):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            times[name].append(timed(steps[name], args.steps))
+    sides = {name: (lambda step=steps[name]: timed(step, args.steps)) for name in names}
+    times = interleaved(sides, args.rounds, order="rotate")
     print(f"{'level':<9}{'variant':<10}{'ms/step':>10}{'ratio':>8}{'spread':>8}")
     rows: dict[str, dict[str, dict[str, float]]] = {}
     for level, variant in names:
-        median = statistics.median(times[level, variant])
-        base = statistics.median(times[level, "fused"])
-        spread = (max(times[level, variant]) - min(times[level, variant])) / median
+        seconds = median(times[level, variant])
+        base = median(times[level, "fused"])
         rows.setdefault(level, {})[variant] = {
-            "ms_per_step": median * 1e3,
-            "ratio": median / base,
-            "spread": spread,
+            "ms_per_step": seconds * 1e3,
+            "ratio": seconds / base,
+            "spread": spread(times[level, variant]),
         }
-        print(f"{level:<9}{variant:<10}{median * 1e3:>10.1f}{median / base:>8.2f}{spread:>8.0%}")
+        row = rows[level][variant]
+        print(
+            f"{level:<9}{variant:<10}{seconds * 1e3:>10.1f}{row['ratio']:>8.2f}{row['spread']:>8.0%}"
+        )
     result = {
         "shape": {"layers": LAYERS, "hidden": SIZE, "input": SIZE, "batch": BATCH, "bptt": BPTT},
         "config": CONFIG,
@@ -156,9 +158,7 @@ def main() -> None:
         "torch": torch.__version__,
         "results": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("JSON " + json.dumps(result))
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ Zipfian, like running text over a frequency-ranked vocabulary.
 Usage::
 
     python benchmarks/outputs.py [--steps K] [--rounds R] [--threads N] [--device D] [--json-out PATH]
+        [--quick]
 
 Prints a table, then one line ``JSON {...}`` with every ratio.
 """
@@ -25,18 +26,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import random
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from common import zipf_ids
+from common import emit, interleaved, medians, spread, timed, zipf_ids
 
 from targetlm import config as config_lib
 from targetlm.config import DataConfig
@@ -142,7 +140,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...)")
     parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: tied and adaptive, 2 rounds of 1 step"
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds, args.variants = 1, 2, "tied,adaptive"
     if args.threads:
         torch.set_num_threads(args.threads)
     names = args.variants.split(",")
@@ -158,22 +161,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants = {name: Variant(name, words, lexicon, batches, device) for name in names}
     for variant in variants.values():
         variant.step()  # untimed: first-call allocations
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for index in range(args.rounds):
-        for name in names if index % 2 == 0 else reversed(names):
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                variants[name].step()
-            samples[name].append((time.perf_counter() - start) / args.steps)
-        log(f"round {index + 1}/{args.rounds} done")
-    seconds = {name: statistics.median(values) for name, values in samples.items()}
+    sides = {name: (lambda v=variants[name]: timed(v.step, args.steps, device)) for name in names}
+    samples = interleaved(
+        sides,
+        args.rounds,
+        after_round=lambda index: log(f"round {index + 1}/{args.rounds} done"),
+    )
+    seconds = medians(samples)
     ratios = {name: seconds[name] / seconds["tied"] for name in names}
     params = {name: v.model.parameter_counts()["output"] for name, v in variants.items()}
     print(f"{'output':<14}{'ms/step':>10}{'x tied':>8}{'spread':>8}{'output params':>15}")
     for name in names:
-        spread = (max(samples[name]) - min(samples[name])) / seconds[name]
         print(
-            f"{name:<14}{seconds[name] * 1e3:>10.1f}{ratios[name]:>8.2f}{spread:>8.2f}"
+            f"{name:<14}{seconds[name] * 1e3:>10.1f}{ratios[name]:>8.2f}{spread(samples[name]):>8.2f}"
             f"{params[name]:>15,}"
         )
     result = {
@@ -191,9 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    if args.json_out:
-        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("JSON " + json.dumps(result, separators=(",", ":")))
+    emit(result, args.json_out, compact=True)
     return result
 
 
