@@ -62,11 +62,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
-import statistics
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +72,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from common import emit, interleaved, median, rate, spread
 from torch import nn
 from translation import (
     EOS,
@@ -82,10 +81,8 @@ from translation import (
     SHAPES,
     Shape,
     copy_weights,
-    interleaved,
     log,
     random_pairs,
-    rate,
 )
 from translation import model_config as translation_config
 
@@ -152,7 +149,8 @@ def make_loss(model: nn.Module, task: DiffusionTask) -> nn.Module:
     options: dict[str, Any] = {"label_smoothing": LABEL_SMOOTHING}
     if model.heads is not None:
         options["ngram_alpha"] = 0.1
-    return diffusion_loss(build_objective(ComponentConfig("cross_entropy", options), model), task)
+    objective = build_objective(ComponentConfig("cross_entropy", options), model)
+    return diffusion_loss(objective, model.heads, **task.loss_weights())
 
 
 # --- the reference ----------------------------------------------------------------------------
@@ -399,10 +397,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def spread(values: list[float]) -> float:
-    return (max(values) - min(values)) / statistics.median(values)
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
@@ -482,8 +476,8 @@ def main(argv=None) -> None:
         {"targetlm": rate(train(ours_step)), "reference": rate(train(ref_step))}, args.rounds
     )
     training = {
-        "targetlm_tokens_per_s": statistics.median(r["targetlm"]),
-        "reference_tokens_per_s": statistics.median(r["reference"]),
+        "targetlm_tokens_per_s": median(r["targetlm"]),
+        "reference_tokens_per_s": median(r["reference"]),
         "spread": {k: spread(v) for k, v in r.items()},
     }
     training["ratio"] = training["targetlm_tokens_per_s"] / training["reference_tokens_per_s"]
@@ -500,12 +494,12 @@ def main(argv=None) -> None:
     r = interleaved(head_steps, args.rounds)
     used = [batches[i % len(batches)] for i in range(args.steps)]
     flops = {n: sum(step_flops(shape, b, n) for b in used) for n in (1, 2, 3)}
-    base = statistics.median(r["N=1"])
+    base = median(r["N=1"])
     heads = {
         f"N={n}": {
-            "step_time_ratio": base / statistics.median(r[f"N={n}"]),
+            "step_time_ratio": base / median(r[f"N={n}"]),
             "flop_ratio": flops[n] / flops[1],
-            "tokens_per_s": statistics.median(r[f"N={n}"]),
+            "tokens_per_s": median(r[f"N={n}"]),
             "spread": spread(r[f"N={n}"]),
         }
         for n in (1, 2, 3)
@@ -568,11 +562,11 @@ def main(argv=None) -> None:
     for side in sides.values():
         side()  # warm-up
     r = interleaved(sides, args.rounds)
-    ar = statistics.median(r["autoregressive nmt-tiny, beam 5"])
+    ar = median(r["autoregressive nmt-tiny, beam 5"])
     decoding = {
         name: {
-            "sentences_per_s": statistics.median(v),
-            "relative_to_autoregressive_beam5": statistics.median(v) / ar,
+            "sentences_per_s": median(v),
+            "relative_to_autoregressive_beam5": median(v) / ar,
             "spread": spread(v),
         }
         for name, v in r.items()
@@ -618,10 +612,7 @@ def main(argv=None) -> None:
         "heads": heads,
         "decoding": decoding,
     }
-    line = json.dumps(result, ensure_ascii=False)
-    if args.json_out:
-        args.json_out.write_text(line + "\n")
-    print("JSON " + line)
+    emit(result, args.json_out, indent=None, ensure_ascii=False)
 
 
 if __name__ == "__main__":

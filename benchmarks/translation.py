@@ -45,7 +45,6 @@ import argparse
 import math
 import os
 import platform
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -53,6 +52,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from common import emit, interleaved, median, rate, spread
 from torch import nn
 
 from targetlm.config import ComponentConfig, ModelConfig
@@ -320,25 +320,6 @@ def check_same(model, reference, batch: Batch, sources, decode_len: int) -> str:
     )
 
 
-def interleaved(sides: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Each side's callable returns units/s for one round; rounds alternate ABBA…"""
-    names = list(sides)
-    rates: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            rates[name].append(sides[name]())
-    return rates
-
-
-def rate(work: Callable[[], int]) -> Callable[[], float]:
-    def run() -> float:
-        started = time.perf_counter()
-        units = work()
-        return units / (time.perf_counter() - started)
-
-    return run
-
-
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -356,7 +337,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-ensemble", action="store_true", help="skip beam 5 + head ensemble")
     p.add_argument("--profile", action="store_true", help="profile greedy decoding, both sides")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: 1 step x 2 rounds, small decoding"
+    )
+    p.add_argument("--json-out", help="also write the JSON object to this file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds, args.batch, args.decode_batches = 1, 2, 8, 1
+        args.decode_len = 8
+    return args
 
 
 def main(argv=None) -> None:
@@ -431,7 +420,7 @@ def main(argv=None) -> None:
     log("training")
     results: list[tuple[str, float, float | None]] = []
     r = interleaved({"t": rate(train(ours_step)), "r": rate(train(ref_step))}, args.rounds)
-    results.append(("training tokens/s", statistics.median(r["t"]), statistics.median(r["r"])))
+    results.append(("training tokens/s", median(r["t"]), median(r["r"])))
     spreads = {"training": r}
 
     # --- decoding ---
@@ -473,17 +462,15 @@ def main(argv=None) -> None:
     for side in sides.values():
         side()  # warm-up
     r = interleaved(sides, args.rounds)
-    ours = statistics.median(r["t"])
-    results.append(("greedy sentences/s (ref: K/V cache, SDPA)", ours, statistics.median(r["kv"])))
-    results.append(
-        ("greedy sentences/s (ref: MHA over cached inputs)", ours, statistics.median(r["mha"]))
-    )
+    ours = median(r["t"])
+    results.append(("greedy sentences/s (ref: K/V cache, SDPA)", ours, median(r["kv"])))
+    results.append(("greedy sentences/s (ref: MHA over cached inputs)", ours, median(r["mha"])))
     spreads["greedy"] = r
     log("beam 5")
     run = rate(ours_decode(beam))
     run()
     r = [run() for _ in range(max(1, args.rounds - 1))]
-    results.append(("beam 5 sentences/s", statistics.median(r), None))
+    results.append(("beam 5 sentences/s", median(r), None))
     spreads["beam 5"] = {"t": r}
     if not args.no_ensemble:
         log("beam 5 + head ensemble")
@@ -498,9 +485,7 @@ def main(argv=None) -> None:
         run = rate(ours_decode(ensemble, with_heads))
         run()
         r = [run() for _ in range(max(1, args.rounds - 1))]
-        results.append(
-            ("beam 5 + ensemble (WDR n=3, λ 0.5) sentences/s", statistics.median(r), None)
-        )
+        results.append(("beam 5 + ensemble (WDR n=3, λ 0.5) sentences/s", median(r), None))
         spreads["beam 5 + ensemble"] = {"t": r}
 
     print()
@@ -513,11 +498,21 @@ def main(argv=None) -> None:
             print(f"| {case} | {ours:,.1f} | {ref:,.1f} | {ours / ref:.2f} |")
     print()
     for case, r in spreads.items():
-        text = ", ".join(
-            f"{side} {(max(v) - min(v)) / statistics.median(v):.0%}" for side, v in r.items()
-        )
+        text = ", ".join(f"{side} {spread(v):.0%}" for side, v in r.items())
         print(f"spread (max − min) / median, {case}: {text}")
     print(f"load average after the run {os.getloadavg()[0]:.2f}")
+    result = {
+        "shape": args.shape,
+        "threads": torch.get_num_threads(),
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "cases": [
+            {"case": case, "targetlm": ours, "reference": ref, "ratio": ref and ours / ref}
+            for case, ours, ref in results
+        ],
+        "spread": {case: {side: spread(v) for side, v in r.items()} for case, r in spreads.items()},
+    }
+    emit(result, args.json_out, ensure_ascii=False)
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
