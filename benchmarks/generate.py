@@ -17,7 +17,7 @@ core) on the built-in synthetic corpus, or on PTB when ``$TARGETLM_DATA`` holds 
 covers the prompt and all new tokens, so (b) and (c) never slide it. Each variant runs
 ``--rounds`` times in rotating order; the median is reported.
 
-    python benchmarks/generate.py [--run DIR] [--train-steps 500] [--new-tokens 256]
+    python benchmarks/generate.py [--run DIR] [--train-steps 500] [--new-tokens 256] [--quick]
                                   [--rounds 3] [--threads 1] [--json-out PATH]
 
 Prints a table with ratios against (b) and one line ``JSON {...}``.
@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
-import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from common import emit, interleaved, medians
 
 from targetlm import builders
 from targetlm.data import Vocabulary, read_lines
@@ -139,11 +139,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 30 training steps, 16 tokens, 2 rounds"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.train_steps, args.new_tokens, args.rounds = 30, 16, 2
     torch.set_num_threads(args.threads)
     context = PROMPT_TOKENS + 1 + args.new_tokens + 8  # prompt, its <eos>, new tokens, N
     with tempfile.TemporaryDirectory() as scratch:
-        run = args.run or train_model(args.train_steps, context, args.seed, Path(scratch) / "run")
+        corpus = "synthetic" if args.quick else None
+        run = args.run or train_model(
+            args.train_steps, context, args.seed, Path(scratch) / "run", corpus=corpus
+        )
         config, vocab, model, _ = load_run(run)
     if model.num_heads < 1 or not isinstance(model.encoder, (CausalTransformer, HfEncoder)):
         parser.error(f"{run}: needs a Transformer or hf-backbone run with N-gram heads")
@@ -167,16 +175,19 @@ def main() -> None:
     variants = ["windowed", "cached"] + [
         f"speculative N={n}" for n in (2, 3, 4) if n <= model.num_heads + 1
     ]
-    speeds: dict[str, list[float]] = {v: [] for v in variants}
     outputs, acceptance = {}, {}
+
+    def side(name: str) -> Callable[[], float]:
+        def run() -> float:
+            speed, outputs[name], acceptance[name] = run_variant(name)
+            return speed
+
+        return run
+
     run_variant("cached")  # warm-up
-    for r in range(args.rounds):
-        for name in variants[r % len(variants) :] + variants[: r % len(variants)]:
-            speed, tokens, accepted = run_variant(name)
-            speeds[name].append(speed)
-            outputs[name], acceptance[name] = tokens, accepted
+    speeds = interleaved({v: side(v) for v in variants}, args.rounds, order="rotate")
     identical = all(outputs[v] == outputs["cached"] for v in variants)
-    median = {v: statistics.median(s) for v, s in speeds.items()}
+    median = medians(speeds)
     base = median["cached"]
     print(
         f"\n{args.new_tokens} new tokens after a {len(prompt)}-token prompt, batch 1, "
@@ -197,9 +208,7 @@ def main() -> None:
         "tokens_per_s": median,
         "acceptance": {v: a for v, a in acceptance.items() if a is not None},
     }
-    print("JSON " + json.dumps(result))
-    if args.json_out:
-        args.json_out.write_text(json.dumps(result, indent=2))
+    emit(result, args.json_out)
 
 
 if __name__ == "__main__":

@@ -56,10 +56,10 @@ import copy
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import interleaved, medians, timed  # noqa: E402
 from generate import train_model  # noqa: E402
 
 from targetlm.data import read_lines  # noqa: E402
@@ -151,20 +152,19 @@ def step_costs(model, vocab, prefix: int = 128, rounds: int = 20) -> dict[str, f
         heads = model.heads
         if heads is not None and model.num_heads > 0 and getattr(heads, "drafts", True):
             parts["draft"] = (draft, lambda: None)
-        times: dict[str, list[float]] = {name: [] for name in parts}
-        for _ in range(3):  # warm-up (the first reads of a new shape cost more)
-            for part, after in parts.values():
-                part()
-                after()
-        for r in range(rounds):
-            names = list(parts)
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                part, after = parts[name]
-                started = time.perf_counter()
-                part()
-                times[name].append(time.perf_counter() - started)
-                after()
-    return {"prefix": prefix, **{name: statistics.median(t) for name, t in times.items()}}
+
+        def side(part, after):
+            def run() -> float:
+                seconds = timed(part, 1)
+                after()  # untimed
+                return seconds
+
+            return run
+
+        sides = {name: side(part, after) for name, (part, after) in parts.items()}
+        # warm-up: the first reads of a new shape cost more
+        times = interleaved(sides, rounds, warmup=3, order="rotate")
+    return {"prefix": prefix, **medians(times)}
 
 
 def prompts_from(config, vocab, count: int = 4, lengths=(16, 9, 24, 12)) -> list[list[str]]:
@@ -600,16 +600,18 @@ def main() -> None:
         made = sum(len(t) for t in tokens)
         return made / seconds, tokens, accepted, counter.count - before
 
-    speeds: dict[tuple, list[float]] = {v: [] for v in variants}
     outputs, acceptance, forwards = {}, {}, {}
+
+    def side(v: tuple) -> Callable[[], float]:
+        def run() -> float:
+            speed, outputs[v], acceptance[v], forwards[v] = run_variant(*v)
+            return speed
+
+        return run
+
     started = time.perf_counter()
-    for v in variants:  # warm-up
-        run_variant(*v)
-    for r in range(args.rounds):
-        for v in variants[r % len(variants) :] + variants[: r % len(variants)]:
-            speed, tokens, accepted, passes = run_variant(*v)
-            speeds[v].append(speed)
-            outputs[v], acceptance[v], forwards[v] = tokens, accepted, passes
+    sides = {v: side(v) for v in variants}
+    speeds = interleaved(sides, args.rounds, warmup=1, order="rotate")
     seconds = time.perf_counter() - started
 
     def greedy_of(v: tuple) -> tuple:
@@ -627,7 +629,7 @@ def main() -> None:
     ours = [v for v in variants if v[3] not in PEERS]
     identical = all(not differing(v) for v in ours)
     mismatches = {v: differing(v) for v in variants if v[3] in PEERS}
-    median = {v: statistics.median(s) for v, s in speeds.items()}
+    median = medians(speeds)
     print(
         f"\n{args.new_tokens} new tokens, threads {','.join(map(str, args.threads))}, median of "
         f"{args.rounds} rounds (min-max), {seconds:.0f} s of rounds; our outputs identical to "
