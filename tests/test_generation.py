@@ -292,6 +292,20 @@ def test_cli_json_and_prompt_file(heads_run, transformer_run, tmp_path, capsys):
     assert len(out.split()) > 20  # two prompts and their continuations
 
 
+def test_speculative_alone_is_greedy_decoding_and_help_shows_defaults(heads_run, capsys):
+    """--speculative implies --temperature 0 (it is greedy decoding); an explicit sampling
+    temperature with it is still refused. --help states the defaults."""
+    args = ["--prompt", "the", "--max-tokens", "6", "--json"]
+    (greedy,) = json.loads(cli(capsys, heads_run, *args, "--temperature", "0")[0])
+    (fast,) = json.loads(cli(capsys, heads_run, *args, "--speculative")[0])
+    assert fast["text"] == greedy["text"]
+    assert main(["generate", str(heads_run), *args, "--speculative", "--temperature", "1"]) == 2
+    assert "needs --temperature 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "(default: 30)" in capsys.readouterr().out  # --max-tokens
+
+
 def test_a_vanishing_temperature_or_top_p_is_greedy_decoding(heads_run, capsys):
     """--temperature and --top-p as small as a float can be are their limits (the argmax), not
     a sampler error from logits / T overflowing or a nucleus emptied."""
@@ -317,7 +331,10 @@ def test_cli_stop_string(heads_run, capsys):
         ([], ("no prompt",)),
         (["--prompt", "the", "--max-tokens", "0"], ("--max-tokens",)),
         (["--prompt", "the", "--top-p", "1.5"], ("--top-p", "(0, 1]")),
-        (["--prompt", "the", "--speculative"], ("--speculative", "--temperature 0")),
+        (
+            ["--prompt", "the", "--speculative", "--temperature", "1"],
+            ("--speculative", "--temperature 0"),
+        ),
     ],
 )
 def test_cli_bad_input_is_one_error_line(heads_run, capsys, args, fragments):

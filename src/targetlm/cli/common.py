@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from targetlm import config as config_lib
 from targetlm.data import (
@@ -149,10 +149,34 @@ def run_tokens(config: config_lib.Config, vocab: Vocabulary, split: str) -> Sequ
     return vocab.require_tokenizer().tokenize(read_lines(config.data, split))
 
 
+class _ShowDefaults(argparse.HelpFormatter):
+    """Help that ends each option's line with its default, where it has one worth showing (not
+    None, False or empty) and the help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            default is None
+            or default is False
+            or default == []
+            or default is argparse.SUPPRESS
+            or "default" in text
+            or not action.option_strings
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser whose usage errors are one :class:`ConfigError` line like every other
     expected error ("argument --top-p: 1.5 is not in (0, 1] (see targetlm generate --help)"),
-    not the usage followed by the error. Subcommands' parsers are of the same class."""
+    not the usage followed by the error. Subcommands' parsers are of the same class. ``--help``
+    shows each option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _ShowDefaults)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(f"{message} (see {self.prog} --help)")

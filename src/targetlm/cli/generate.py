@@ -55,7 +55,10 @@ def run(args: argparse.Namespace) -> int:
         vocab,
         prompts,
         max_tokens=args.max_tokens,
-        temperature=args.temperature,
+        # --speculative is greedy decoding: it implies --temperature 0 unless one is given
+        temperature=(0.0 if args.speculative else 1.0)
+        if args.temperature is None
+        else args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         seed=args.seed,
@@ -95,7 +98,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", action="append", help="a prompt (repeatable: one batch)")
     p.add_argument("--prompt-file", type=Path, help="a UTF-8 file of prompts, one per line")
     p.add_argument("--max-tokens", type=SIZE, default=30, help="tokens per prompt at most")
-    p.add_argument("--temperature", type=number_in(Range(0)), default=1.0, help="0: greedy")
+    p.add_argument(
+        "--temperature",
+        type=number_in(Range(0)),
+        help="0: greedy (default 1, and 0 with --speculative)",
+    )
     p.add_argument(
         "--top-k",
         type=number_in(Range(0, MAX_VOCAB), integer=True),
