@@ -49,7 +49,6 @@ def _results_of_another_model(name: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     """Run ``targetlm train-heads``; returns the exit status."""
     from targetlm import config as config_lib
-    from targetlm.checkpoint import save_atomic
     from targetlm.config import ComponentConfig
     from targetlm.data import read_file, read_lines, with_context_token
     from targetlm.files import atomic_write
@@ -57,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.rundir import RunDirError, check_outside_runs
     from targetlm.runs import BEST, CONFIG, VOCAB, load_run, read_best
     from targetlm.training import distill
+    from targetlm.training.checkpointer import write_best
     from targetlm.training.trainer import TrainingDiverged
 
     _check_numbers(args)
@@ -178,16 +178,14 @@ def run(args: argparse.Namespace) -> int:
         else:  # a config file: its vocabulary (and the tokenizer's own file) are written here
             vocab.save(staging / VOCAB)
         atomic_write(staging / CONFIG, config_lib.dumps(new_config))
-        save_atomic(
-            {
-                "model": model.state_dict(),
-                "vocab": vocab.state_dict(),
-                "config": new_config.to_dict(),
-                "valid_ppl": checkpoint.get("valid_ppl"),
-                "step": checkpoint.get("step"),
-                "heads_training": result,
-            },
+        write_best(
             staging / BEST,
+            model.state_dict(),
+            vocab,
+            new_config,
+            checkpoint.get("valid_ppl"),
+            checkpoint.get("step"),
+            heads_training=result,
         )
         atomic_write(staging / HEADS_RESULTS, json.dumps(result, indent=2) + "\n")
         os.rename(staging, args.run_dir)

@@ -1,21 +1,18 @@
 """The training loop: one loop for every encoder, output layer and objective, in one
 process or as one rank of a ``torchrun`` job (:mod:`targetlm.training.distributed`).
 
-Exact resume: ``last.pt`` holds everything the next step depends on (model,
-optimiser, schedule, position in the epoch, carried encoder state, RNG states),
-so an interrupted run that is resumed computes the same losses as one that was
-never interrupted (on CPU).
+The trainer only trains: it builds a :class:`~targetlm.training.run_directory.RunDirectory`
+(may the run start, restart or resume here; its lock) and a
+:class:`~targetlm.training.checkpointer.Checkpointer` (last.pt for exact resume, best.pt),
+and calls them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import random
-import re
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -27,15 +24,12 @@ from torch import nn
 from tqdm import tqdm
 
 from targetlm import builders, rundir, runs
-from targetlm import config as config_lib
-from targetlm.checkpoint import CheckpointError, save_atomic
 from targetlm.checkpoint import load as load_checkpoint
 from targetlm.config import Config
 from targetlm.data import Vocabulary
 from targetlm.files import DiskFullError, atomic_write, disk_full
 from targetlm.inference.evaluate import perplexity
-from targetlm.modules.interfaces import HasTrainingCache
-from targetlm.modules.model import build_model, detach_state, state_to_list
+from targetlm.modules.model import build_model, detach_state
 from targetlm.objectives import NgramLoss, build_objective
 from targetlm.objectives.diffusion import DiffusionLoss
 from targetlm.registry import ConfigError
@@ -43,51 +37,14 @@ from targetlm.rundir import RunDirError
 from targetlm.tasks import Batch, Task, TaskData, build_task
 from targetlm.training import compile as compiling
 from targetlm.training import distributed, finetune
+from targetlm.training.checkpointer import Checkpointer
 from targetlm.training.optim import LrSchedule, build_optimizer, clip_gradients, set_lr
+from targetlm.training.run_directory import RunDirectory
 from targetlm.training.step import TrainingStep
-
-# keys a resumed run may change: the budget and cosmetics, never the model or the data
-RESUMABLE_CHANGES = {
-    "train.epochs",
-    "train.max_steps",
-    "train.progress",
-    "train.threads",
-    "train.log_every",
-    "train.compile",  # the same function (training/compile.py): a run resumes in either mode
-}
 
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
-
-
-# what a run that stopped before its first last.pt leaves (it can be started again)
-BEFORE_FIRST_CHECKPOINT = {runs.CONFIG, runs.VOCAB, runs.TOKENIZER, runs.METRICS, runs.BEST}
-# what every last.pt holds (its weights: "model" and "optimizer", or "sharded": their directory)
-RESUME_KEYS = ("vocab", "schedule", "progress", "state", "rng")
-
-
-def _changed_keys(saved: dict, current: dict) -> set[str]:
-    """The keys of two configs (as dicts) whose values differ, beyond RESUMABLE_CHANGES."""
-    saved, current = _flatten(saved), _flatten(current)
-    defaults = _flatten(Config().to_dict())
-    changed = {
-        key
-        for key in saved.keys() | current.keys()
-        if saved.get(key, defaults.get(key)) != current.get(key, defaults.get(key))
-    }  # (a key added since the saved config was written is its default there)
-    return changed - RESUMABLE_CHANGES
-
-
-def _flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 class Trainer:
@@ -118,110 +75,26 @@ class Trainer:
         self.log = log
         self.stop_requested = False
         self._interrupted = False  # Ctrl-C seen by this rank (several processes)
-        self.checkpoint_step: int | None = None  # the step last.pt holds (None: none yet)
         self.metrics_records = 0  # records in metrics.jsonl (last.pt keeps their count)
         # the losses not yet checked for NaN, with their steps (:meth:`_check_finite`)
         self._unchecked_losses: list[tuple[int, torch.Tensor]] = []
         self._state_dims: list[int] | None = None  # the carried state's row dimensions
+        self.run_directory = RunDirectory(self.run_dir, config, resume, self.processes, log)
+        self.checkpointer = Checkpointer(self.run_dir, config, self.processes, log)
         try:
             rundir.check_unlocked(self.run_dir)
             rundir.check_outside_runs(self.run_dir)
-            self._check_run_dir()
+            self.run_directory.check()
         except Exception:
             self.processes.close()
             raise
         self.processes.barrier()  # every rank has checked the run directory before rank 0 writes
 
-    # --- the run directory ------------------------------------------------------------
-    def _check_run_dir(self) -> None:
-        """Refuse a run directory that cannot be used as asked (reads only). Sets
-        ``self.restart``: no last.pt yet, training starts at step 0 (a new run, or one that
-        stopped before its first checkpoint); ``self.finished_results``: a resumed run that
-        has already finished (its results.json)."""
-        self.restart, self.finished_results = not self.resume, None
-        files = {p.name for p in self.run_dir.iterdir()} if self.run_dir.is_dir() else set()
-        files = {f for f in files if f != rundir.LOCK and not _temporary(f)}
-        if runs.LAST not in files:  # a sharded checkpoint no last.pt names: its write was cut
-            files = {f for f in files if not _sharded_checkpoint(f)}  # (the next one replaces it)
-        stuck = runs.CONFIG in files and runs.LAST not in files
-        stuck = stuck and files <= BEFORE_FIRST_CHECKPOINT
-        if self.resume:
-            if runs.CONFIG not in files:
-                raise RunDirError(f"nothing to resume: {self.run_dir / runs.CONFIG} does not exist")
-            self._check_same_config(runs.CONFIG, config_lib.load(self.run_dir / runs.CONFIG))
-            if runs.LAST not in files:
-                if not stuck:
-                    raise RunDirError(
-                        f"nothing to resume: {self.run_dir / runs.LAST} does not exist"
-                    )
-                self.restart = True
-            elif runs.RESULTS in files and self._reached_budget(
-                load_checkpoint(self.run_dir / runs.LAST, RESUME_KEYS)["progress"]
-            ):
-                self.finished_results = json.loads((self.run_dir / runs.RESULTS).read_text())
-        elif stuck:  # the same run again, from step 0
-            saved = config_lib.load(self.run_dir / runs.CONFIG)
-            if _changed_keys(saved.to_dict(), self.config.to_dict()):
-                raise RunDirError(
-                    f"run directory {self.run_dir} holds a run that stopped before its first "
-                    f"checkpoint, with another config ({self._changes(saved)} differ); restart "
-                    f"it with `targetlm train --resume --run-dir {self.run_dir}` or choose "
-                    "another --run-dir"
-                )
-        elif files:
-            raise RunDirError(
-                f"run directory {self.run_dir} exists and is not empty; "
-                "pass --resume to continue it or choose another --run-dir"
-            )
-
-    def _check_same_config(self, where: str, saved: Config | dict) -> None:
-        """Refuse a run whose ``where`` (config.toml, last.pt) holds another config than
-        this one (beyond RESUMABLE_CHANGES)."""
-        saved = saved.to_dict() if isinstance(saved, Config) else saved
-        if _changed_keys(saved, self.config.to_dict()):
-            raise RunDirError(
-                f"cannot resume {self.run_dir} with a different config: "
-                f"{self._changes(saved)} changed from its {where} "
-                f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change)"
-            )
-
-    def _changes(self, saved: Config | dict) -> str:
-        saved = saved.to_dict() if isinstance(saved, Config) else saved
-        return ", ".join(sorted(_changed_keys(saved, self.config.to_dict())))
-
-    def _reached_budget(self, progress: dict[str, Any]) -> bool:
-        """Whether a run at ``progress`` (last.pt's) has nothing left to train."""
-        c = self.config.train
-        return (
-            progress["epoch"] > c.epochs
-            or bool(c.max_steps and progress["step"] >= c.max_steps)
-            or bool(c.early_stopping and progress["bad_evaluations"] >= c.early_stopping)
-        )
-
-    @contextlib.contextmanager
-    def _hold_run_dir(self) -> Any:
-        """Hold the run directory's lock while training: checked again under it, stale
-        temporary files removed. (Under ``torchrun`` rank 0 alone holds it.)"""
-        if not self.processes.is_main:
-            yield
-            return
-        with rundir.RunLock(self.run_dir, self.log):
-            self._check_run_dir()
-            for path in rundir.remove_stale_temporaries(self.run_dir):
-                self.log(f"removed {path.name}, left by an interrupted write")
-            yield
-
-    def _kept(self) -> str:
-        """What the run directory keeps after a failure, for its message."""
-        if self.checkpoint_step is None:
-            return (
-                "no checkpoint was written; the run directory can be restarted with "
-                f"`targetlm train --resume --run-dir {self.run_dir}`"
-            )
-        return (
-            f"the last good checkpoint (step {self.checkpoint_step}) is kept in "
-            f"{self.run_dir / runs.LAST}"
-        )
+    @property
+    def restart(self) -> bool:
+        """No last.pt yet: training starts at step 0 (a new run, or one that stopped before
+        its first checkpoint)."""
+        return self.run_directory.restart
 
     # --- setup ------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -360,93 +233,35 @@ class Trainer:
         )
 
     def _start_run_dir(self) -> None:
-        if not self.processes.is_main:
-            return
-        if self.resume:
-            self.log(f"{self.run_dir}: no checkpoint yet: starting from step 0")
-        elif (self.run_dir / runs.CONFIG).is_file():
-            self.log(f"{self.run_dir}: no checkpoint yet: starting the run again from step 0")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.run_dir / runs.CONFIG, config_lib.dumps(self.config))
-        self.vocab.save(self.run_dir / runs.VOCAB)
-        atomic_write(self.run_dir / runs.METRICS, "")
+        self.run_directory.start(self.vocab)
 
     def _restore(self) -> None:
-        checkpoint = load_checkpoint(self.run_dir / runs.LAST, RESUME_KEYS)
-        if "config" in checkpoint:
-            self._check_same_config(runs.LAST, checkpoint["config"])
-            saved_mode = checkpoint["config"].get("train", {}).get("compile", "off")
-            if saved_mode != self.config.train.compile:
-                self.log(
-                    f"train.compile was {saved_mode!r}, now {self.config.train.compile!r}: the "
-                    "run continues from the same weights, optimiser, position and random state; "
-                    "its losses match an uninterrupted run's to float rounding, not bit for bit"
-                )
-        saved_vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
-        if saved_vocab != self.vocab:
-            raise CheckpointError(
-                f"{self.run_dir / runs.LAST}: checkpoint vocabulary ({len(saved_vocab)} words) does not "
-                f"match the training data's vocabulary ({len(self.vocab)} words)"
-            )
-        if "sharded" in checkpoint:  # train.parallel = "fsdp": beside it, any number of ranks
-            # the optimiser state it holds is that of the parameters then trained: during the
-            # heads-only warm-up, the heads' alone (torch builds the state it reads into from
-            # the parameters that require gradients)
-            self._freeze_body(checkpoint["progress"]["step"] < self.config.train.heads_only_steps)
-            distributed.load_sharded(
-                self.step_module, self.optimizer, self.run_dir / checkpoint["sharded"]
-            )
-        else:
-            runs.load_state_into(
-                self.model, checkpoint["model"], self.vocab, str(self.run_dir / runs.LAST)
-            )
-            self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.schedule.load_state_dict(checkpoint["schedule"])
-        p = checkpoint["progress"]
+        progress, self.state = self.checkpointer.restore(
+            model=self.model,
+            step_module=self.step_module,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            vocab=self.vocab,
+            device=self.device,
+            freeze_body=self._freeze_body,
+        )
+        p = progress
         self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
         self.best_valid, self.bad_evaluations = p["best_valid"], p["bad_evaluations"]
         self._elapsed_before, self._session_start = p["elapsed"], time.perf_counter()
         window_nll, self.window_count = p.get("window", (0.0, 0))
         self.window_nll = torch.tensor(window_nll, dtype=torch.float64, device=self.device)
-        self.checkpoint_step = self.step
         stopping = self.config.train.early_stopping
         if stopping and self.bad_evaluations >= stopping:  # stopped early, then killed
             self.epoch = self.config.train.epochs + 1
-        self.state = checkpoint["state"]
-        if self.state is not None:  # the whole batch's: this rank's rows of it
-            self.state = _to_device(self.state, self.device)
-            if self.processes.several:
-                self.state = distributed.shard_state(
-                    self.state, self._state_rows(), self.processes.rank, self.processes.world_size
-                )
-        for name, module in self._cached_modules():  # e.g. GroC's reused E_out (sparse updates)
-            module.load_training_cache(
-                _to_device(checkpoint.get("caches", {}).get(name), self.device)
+        if self.state is not None and self.processes.several:  # this rank's rows of the batch
+            self.state = distributed.shard_state(
+                self.state, self._state_rows(), self.processes.rank, self.processes.world_size
             )
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        random.setstate(_as_tuple(checkpoint["rng"]["python"]))
-        self._forget_later_metrics(p.get("metrics_records"))
+        self.metrics_records = self.checkpointer.forget_later_metrics(
+            p.get("metrics_records"), self.step
+        )
         self.log(f"resumed {self.run_dir} at epoch {self.epoch}, step {self.step}")
-
-    def _forget_later_metrics(self, count: int | None) -> None:
-        """Keep the first ``count`` records of metrics.jsonl, those logged before the restored
-        checkpoint was written (a checkpoint without the count: those up to its step); the
-        rest will be logged again. Rewritten atomically."""
-        if not self.processes.is_main:
-            return
-        metrics = self.run_dir / runs.METRICS
-        records = rundir.read_metrics(metrics, self.log)
-        if count is None:
-            kept = [r for r in records if r["step"] <= self.step]
-        else:
-            if len(records) < count:
-                self.log(
-                    f"warning: {metrics} has {len(records)} records, {count} when "
-                    f"{runs.LAST} was written"
-                )
-            kept = records[:count]
-        atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
-        self.metrics_records = len(kept)
 
     def _state_rows(self) -> list[int]:
         if self._state_dims is None:
@@ -454,69 +269,28 @@ class Trainer:
         return self._state_dims
 
     def _checkpoint(self) -> None:
+        """Write last.pt at this step (a diverged loss is never saved)."""
         self._check_finite()
         state = self.state
         if self.processes.several and state is not None:  # the whole batch's (every rank)
             state = distributed.gather_state(state, self._state_rows(), self.processes)
-        weights: dict[str, Any] = {}
-        if self.config.train.parallel == "fsdp":
-            # the model and optimiser sharded (every rank its shards), beside last.pt
-            weights["sharded"] = distributed.sharded_checkpoint_name(self.step)
-            directory = self.run_dir / weights["sharded"]
-            if self.processes.is_main and directory.exists():  # a write that was cut short
-                shutil.rmtree(directory)
-            self.processes.barrier()
-            distributed.save_sharded(self.step_module, self.optimizer, directory)
-            self.processes.barrier()
-        else:
-            weights = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if not self.processes.is_main:
-            self.checkpoint_step = self.step
-            return
-        save_atomic(
-            {
-                **weights,
-                "schedule": self.schedule.state_dict(),
-                "progress": {
-                    "epoch": self.epoch,
-                    "batch_index": self.batch_index,
-                    "step": self.step,
-                    "best_valid": self.best_valid,
-                    "bad_evaluations": self.bad_evaluations,
-                    "elapsed": self.elapsed,
-                    "window": (float(self.window_nll), int(self.window_count)),
-                    "metrics_records": self.metrics_records,
-                },
-                "state": state_to_list(detach_state(state)),
-                "rng": {"torch": torch.get_rng_state(), "python": _as_list(random.getstate())},
-                "caches": {name: m.training_cache() for name, m in self._cached_modules()},
-                "vocab": self.vocab.state_dict(),
-                "config": self.config.to_dict(),
-            },
-            self.run_dir / runs.LAST,
-        )
-        self.checkpoint_step = self.step
-        for older in self.run_dir.glob(distributed.sharded_checkpoint_name(0).replace("0", "*")):
-            if older.name != weights.get("sharded"):  # last.pt no longer names it
-                shutil.rmtree(older)
-
-    def _cached_modules(self) -> list[tuple[str, HasTrainingCache]]:
-        """Modules with training-time state outside their state_dict (``training_cache()``)."""
-        return [(n, m) for n, m in self.model.named_modules() if isinstance(m, HasTrainingCache)]
-
-    def _save_best(self, valid_ppl: float) -> None:
-        model_state = distributed.full_model_state(self.step_module, self.processes)
-        if not self.processes.is_main:
-            return
-        save_atomic(
-            {
-                "model": model_state,
-                "vocab": self.vocab.state_dict(),
-                "config": self.config.to_dict(),
-                "valid_ppl": valid_ppl,
+        self.checkpointer.save_last(
+            model=self.model,
+            step_module=self.step_module,
+            optimizer=self.optimizer,
+            schedule=self.schedule,
+            vocab=self.vocab,
+            progress={
+                "epoch": self.epoch,
+                "batch_index": self.batch_index,
                 "step": self.step,
+                "best_valid": self.best_valid,
+                "bad_evaluations": self.bad_evaluations,
+                "elapsed": self.elapsed,
+                "window": (float(self.window_nll), int(self.window_count)),
+                "metrics_records": self.metrics_records,
             },
-            self.run_dir / runs.BEST,
+            state=state,
         )
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
@@ -540,13 +314,13 @@ class Trainer:
         if not math.isfinite(result["ppl"]):  # a finite loss above 709 nats a word
             raise TrainingDiverged(
                 f"valid perplexity is {result['ppl']} (loss {result['nll']:.4g}) at step "
-                f"{self.step} (epoch {self.epoch}); training stopped: {self._kept()}"
+                f"{self.step} (epoch {self.epoch}); training stopped: {self.checkpointer.kept()}"
             )
         self.schedule.on_validation(result["nll"])
         improved = result["ppl"] < self.best_valid
         if improved:
             self.best_valid, self.bad_evaluations = result["ppl"], 0
-            self._save_best(result["ppl"])
+            self.checkpointer.save_best(self.step_module, self.vocab, result["ppl"], self.step)
         else:
             self.bad_evaluations += 1
         self._write_metrics(
@@ -646,7 +420,7 @@ class Trainer:
         first = int((~finite).nonzero()[0, 0])
         raise TrainingDiverged(
             f"loss is {float(losses[first])} at step {steps[first]} (epoch {self.epoch}); "
-            f"training stopped: {self._kept()}"
+            f"training stopped: {self.checkpointer.kept()}"
         )
 
     def _scheduled_lr(self) -> float:
@@ -705,10 +479,11 @@ class Trainer:
                 says what is kept).
         """
         try:
-            with self._hold_run_dir():
-                if self.finished_results is not None:
+            with self.run_directory.hold():
+                finished = self.run_directory.finished_results
+                if finished is not None:
                     self.log(f"{self.run_dir} is finished ({runs.RESULTS}); nothing to resume")
-                    return self.finished_results
+                    return finished
                 return self._train()
         except OSError as error:
             code = disk_full(error)
@@ -718,10 +493,12 @@ class Trainer:
             reason = str(DiskFullError(code, path).strerror).replace(
                 "the device", rundir.device_of(path)
             )
-            raise RunDirError(f"{reason} writing {path}; {self._kept()}") from None
+            raise RunDirError(f"{reason} writing {path}; {self.checkpointer.kept()}") from None
         except KeyboardInterrupt:
             second = "a second " if self.stop_requested else ""
-            raise KeyboardInterrupt(f"stopped by {second}Ctrl-C: {self._kept()}") from None
+            raise KeyboardInterrupt(
+                f"stopped by {second}Ctrl-C: {self.checkpointer.kept()}"
+            ) from None
         finally:
             self.processes.close()
 
@@ -895,33 +672,7 @@ def _silent(message: str) -> None:
     pass
 
 
-def _sharded_checkpoint(name: str) -> bool:
-    """Whether ``name`` is a sharded checkpoint's directory (``last-step<N>.dcp``)."""
-    return re.fullmatch(r"last-step\d+\.dcp", name) is not None
-
-
-def _temporary(name: str) -> bool:
-    """Whether ``name`` is an atomic write's temporary file (``.NAME.*.tmp``)."""
-    return name.startswith(".") and name.endswith(".tmp")
-
-
 def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def _to_device(state: Any, device: torch.device) -> Any:
-    if state is None:
-        return None
-    if isinstance(state, torch.Tensor):
-        return state.to(device)
-    return [_to_device(s, device) for s in state]
-
-
-def _as_list(value: Any) -> Any:
-    return [_as_list(v) for v in value] if isinstance(value, (tuple, list)) else value
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, (tuple, list)) else value
