@@ -1,4 +1,4 @@
-"""What a split name may read, splits without words, and the README's Brown example.
+"""What a split name may read, splits without words, and the Brown example of docs/cli.md.
 
 A registered dataset's split is one of its declared splits (Brown's are its genres); a
 ``text`` split is a file inside ``data.dir`` or one named by its absolute path; ``../`` never
@@ -99,8 +99,8 @@ def test_brown_has_no_valid_split_and_says_so():
 
 
 def readme_brown_command() -> list[str]:
-    """The README's Brown example, as the argument list of ``targetlm``."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    """The Brown example of docs/cli.md, as the argument list of ``targetlm``."""
+    readme = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```sh\n(.*?)```", readme, flags=re.S)
     commands = [
         command
@@ -119,8 +119,8 @@ def readme_brown_command() -> list[str]:
 )
 def test_the_readme_brown_example_trains(tmp_path, monkeypatch, capsys):
     args = readme_brown_command()
-    monkeypatch.chdir(REPO)  # the README's paths are the checkout's
-    if "--run-dir" in args:  # the README's run directory, moved into tmp_path
+    monkeypatch.chdir(REPO)  # the example's paths are the checkout's
+    if "--run-dir" in args:  # the example's run directory, moved into tmp_path
         index = args.index("--run-dir")
         args[index + 1] = str(tmp_path / "run")
     # a seconds-long budget; one thread: on a busy machine OpenMP threads wait for each other
