@@ -130,3 +130,11 @@ def test_subspace_checks_the_whole_sweep_before_training_any_model(
     rc = main(["analyze", "subspace", "--config", str(model), "--out", str(out), *sweep])
     assert one_error(capsys, rc) == message
     assert not out.exists()  # a rerun with the settings fixed is not refused
+
+
+def test_analyze_subspace_finds_its_default_preset_from_any_directory(tmp_path, monkeypatch):
+    from targetlm.cli.analyze import SUBSPACE_PRESET, _subspace_preset
+
+    monkeypatch.chdir(tmp_path)  # not the checkout: a relative default would not be found
+    path = _subspace_preset()
+    assert path.is_file() and path.name == SUBSPACE_PRESET

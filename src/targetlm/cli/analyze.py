@@ -53,7 +53,7 @@ def subspace(args: argparse.Namespace) -> int:
     """Run ``targetlm analyze subspace``; returns the exit status."""
     from targetlm.analysis.subspace import run_subspace_analysis, sweep
 
-    config = builders.load_config(args.config, args.set)
+    config = builders.load_config(args.config or _subspace_preset(), args.set)
     runs = sweep(args.betas, args.taus, args.beta_tau)
     if not runs:
         raise ConfigError("--betas and --taus are both empty: there is no model to train")
@@ -175,6 +175,20 @@ def freq_bins(args: argparse.Namespace) -> int:
     return 0
 
 
+SUBSPACE_PRESET = "inan-subspace-ptb.toml"
+
+
+def _subspace_preset() -> Path:
+    """The checkout's ``configs/inan-subspace-ptb.toml``, wherever the command runs from."""
+    path = Path(__file__).resolve().parents[3] / "configs" / SUBSPACE_PRESET
+    if not path.is_file():
+        raise ConfigError(
+            f"analyze subspace: no --config given and no configs/{SUBSPACE_PRESET} beside this "
+            "installation (it ships with the checkout): pass --config"
+        )
+    return path
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``targetlm analyze`` to the subcommands ``sub``."""
     p = sub.add_parser("analyze", help="analyses that train and compare several models")
@@ -182,7 +196,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a = analyses.add_parser(
         "subspace", help="Inan et al. Fig. 1: input/output embedding subspace distance"
     )
-    a.add_argument("--config", default="configs/inan-subspace-ptb.toml")
+    a.add_argument(
+        "--config", help="the model to train (default: the checkout's inan-subspace-ptb preset)"
+    )
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a.add_argument("--out", required=True, help="directory for the runs, table and plot")
     a.add_argument("--betas", type=floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
