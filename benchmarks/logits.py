@@ -20,6 +20,7 @@ steps after one warm-up step (``--steps 0``: memory only, one step).
     python benchmarks/logits.py                       # the default subset (~10-15 min, 1 thread)
     python benchmarks/logits.py --vocab 10000,33278,49152 --tokens 4096,8192 --dims 256,576
     python benchmarks/logits.py --losses wdr --vocab 49152 --steps 0 --chunk-tokens 128
+    python benchmarks/logits.py --quick                # one small case, seconds
 
 Prints a markdown table with the ratios chunked / full and one line ``JSON {...}``.
 """
@@ -126,7 +127,12 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=256)
     parser.add_argument("--chunk-vocab", type=int, default=65_536)
     parser.add_argument("--json-out", default="")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: ce, V 2,000, M 1,024, d 64, one step"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.losses, args.vocab, args.tokens, args.dims, args.steps = "ce", [2000], [1024], [64], 1
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return

@@ -12,6 +12,7 @@ the model and the optimiser state (so: activations, logits, gradients).
 
     python benchmarks/logits_model.py                      # 1×1024 and 8×1024 tokens, both impls
     python benchmarks/logits_model.py --rows 2,8 --impls chunked
+    python benchmarks/logits_model.py --quick               # a small stand-in, seconds
 
 From two token counts it also prints the largest tokens per step that fit a memory budget
 (default 24 GiB), extrapolated linearly (memory grows linearly with tokens at a fixed context).
@@ -27,6 +28,15 @@ import sys
 import time
 
 SHAPE = {"vocab": 49_152, "dim": 576, "layers": 30, "heads": 9, "ff": 2_304, "context": 1_024}
+QUICK_SHAPE = {
+    **SHAPE,
+    "vocab": 4_096,
+    "dim": 64,
+    "layers": 2,
+    "heads": 2,
+    "ff": 128,
+    "context": 128,
+}
 
 
 def _max_rss_mib() -> float:
@@ -42,7 +52,7 @@ def worker(case: dict) -> dict:
 
     torch.set_num_threads(case["threads"])
     torch.manual_seed(0)
-    s = SHAPE
+    s = case.get("shape", SHAPE)
     config = ModelConfig(
         embedding=ComponentConfig("lookup", {"size": s["dim"], "init_std": 0.02}),
         encoder=ComponentConfig(
@@ -95,7 +105,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-gib", type=float, default=24.0)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: a 2-layer, 4k-vocabulary, 128-token stand-in",
+    )
     args = parser.parse_args()
+    shape = QUICK_SHAPE if args.quick else SHAPE
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))))
         return
@@ -103,6 +119,8 @@ def main() -> None:
     for rows in [int(r) for r in args.rows.split(",")]:
         for impl in args.impls.split(","):
             case = {"rows": rows, "impl": impl, "threads": args.threads}
+            if args.quick:
+                case["shape"] = shape
             run = subprocess.run(
                 [sys.executable, __file__, "--worker", json.dumps(case)],
                 capture_output=True,
@@ -112,12 +130,12 @@ def main() -> None:
             line = next(x for x in run.stdout.splitlines() if x.startswith("RESULT "))
             results.append(json.loads(line.removeprefix("RESULT ")))
             print(f"done: {results[-1]}", file=sys.stderr, flush=True)
-    print(f"SmolLM2-135M shape {SHAPE}, WDR N = 4, {results[0]['params']:,} parameters")
+    print(f"SmolLM2-135M shape {shape}, WDR N = 4, {results[0]['params']:,} parameters")
     print("| tokens per step | impl | step memory MiB | step s | loss |")
     print("|---:|---|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['rows'] * SHAPE['context']:,} | {r['impl']} | {r['memory_mib']:,.0f} "
+            f"| {r['rows'] * shape['context']:,} | {r['impl']} | {r['memory_mib']:,.0f} "
             f"| {r['seconds']:.1f} | {r['loss']:.4f} |"
         )
     budget = args.budget_gib * 1024
@@ -128,7 +146,7 @@ def main() -> None:
             per_row = (m1 - m0) / (r1 - r0)
             fit = int((budget - (m0 - per_row * r0)) / per_row)
             print(
-                f"{impl}: {per_row:,.0f} MiB per 1,024 tokens; about {fit * SHAPE['context']:,} "
+                f"{impl}: {per_row:,.0f} MiB per 1,024 tokens; about {fit * shape['context']:,} "
                 f"tokens per step fit {args.budget_gib:g} GiB beyond the model and Adam "
                 "(linear extrapolation)"
             )
