@@ -418,3 +418,14 @@ def test_eval_reads_its_file_from_a_pipe(run_dir, tmp_path, capsys):
     assert main(["eval", str(run_dir), "--file", str(pipe), "--json"]) == 0
     writer.join()
     assert json.loads(capsys.readouterr().out)["ppl"] == pytest.approx(expected)
+
+
+def test_data_info_text_names_the_files_it_reads(tmp_path, capsys):
+    (tmp_path / "corpus.txt").write_text("a b\n", encoding="utf-8")
+    assert main(["data", "info", "text", "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "reads the files train, valid, test" in err and "it has no train, valid, test" in err
+    for split in ("train", "valid.txt", "test"):
+        (tmp_path / split).write_text("a b c\nb c\n", encoding="utf-8")
+    assert main(["data", "info", "text", "--dir", str(tmp_path)]) == 0
+    assert "train" in capsys.readouterr().out

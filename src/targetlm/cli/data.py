@@ -8,6 +8,7 @@ from pathlib import Path
 from targetlm import config as config_lib
 from targetlm.data import (
     DATASETS,
+    DataError,
     Vocabulary,
     read_split,
 )
@@ -32,6 +33,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if spec.languages:
         return _parallel_info(base, spec)
+    if args.name == "text":  # your own files: the three it reads, named before any is read
+        directory = Path(args.dir or ".")
+        missing = [
+            s for s in spec.splits if not any((directory / n).is_file() for n in (s, f"{s}.txt"))
+        ]
+        if missing:
+            raise DataError(
+                f"data info text reads the files {', '.join(spec.splits)} (or NAME.txt) of "
+                f"--dir {directory}; it has no {', '.join(missing)} (a training run names its "
+                "own files with data.train / data.valid / data.test)"
+            )
     splits = {s: read_split(base, s) for s in spec.splits}
     vocab = Vocabulary.build(splits["train"]) if "train" in splits else None
     if vocab is not None:
