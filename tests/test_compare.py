@@ -513,3 +513,15 @@ def test_each_reproduction_table_is_what_its_compare_command_prints_from_the_rec
 ):
     name = str(page.relative_to(REPO))
     check_printed_table(capsys, monkeypatch, name, line, argv, table)
+
+
+def test_runs_of_several_tasks_are_refused_in_one_table(tmp_path, capsys):
+    from targetlm.cli import main
+
+    make_run(tmp_path, "lm-s1", seed=1, results=lm_results(100.0, 90.0))
+    mlm = {"task": {"kind": "mlm"}}
+    make_run(tmp_path, "mlm-s1", seed=1, config=mlm, results=lm_results(9.0, 8.0))
+    assert main(["compare", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "several tasks (lm: 1 runs, mlm: 1 runs)" in err and "\n" not in err.strip()
+    assert main(["compare", str(tmp_path / "lm-s1")]) == 0

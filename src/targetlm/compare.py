@@ -392,6 +392,21 @@ def _validation_log(path: Path) -> tuple[tuple[int, int] | None, list[tuple[int,
 # ------------------------------------------------------------------------------- 2. groups
 
 
+def check_one_task(runs: Sequence[Run]) -> None:
+    """Refuse runs of several tasks in one table: a language model's, a masked LM's, a
+    classifier's and a translation's figures are different measures under one column name."""
+    kinds: dict[str, int] = {}
+    for run in runs:
+        kind = str(run.config.get("task.kind", "lm"))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    if len(kinds) > 1:
+        counted = ", ".join(f"{kind}: {n} runs" for kind, n in sorted(kinds.items()))
+        raise CompareError(
+            f"the runs are of several tasks ({counted}); their figures are different measures: "
+            "compare each task's runs in a table of their own"
+        )
+
+
 def group_runs(runs: Sequence[Run], group_by: str = "preset") -> list[Group]:
     """Runs under one name, in the order first seen; each group's runs differ only in seed.
 

@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
             inputs = [path for run in runs for path in run_inputs(run.path)]
             inputs += [path for run_dir in unfinished for path in run_inputs(run_dir)]
             check_output(args.plot, "--plot", inputs, args.force)
+        compare.check_one_task(runs)
         groups = compare.group_runs(runs, args.group_by)
         rows = compare.build_rows(
             groups,
