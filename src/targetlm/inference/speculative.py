@@ -132,7 +132,7 @@ class PromptLookup:
     ``min_ngram`` is 2 where Saxena's code and transformers go down to a single token: a draft
     after one repeated token keeps fewer tokens than the wide verification it costs. On
     SmolLM2-135M (``benchmarks/lookup.py``: 12 prompts, batch 1, 10 drafted tokens) 2 was faster
-    than 1 in every round (docs/results.md, "Prompt lookup: no draft from a single repeated
+    than 1 in every round (docs/benchmarks.md, "Prompt lookup: no draft from a single repeated
     token").
 
     An index per row maps every n-gram of its text to the position after its latest
