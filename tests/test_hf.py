@@ -158,6 +158,9 @@ def test_train_eval_generate_and_export_through_the_cli(
         assert torch.allclose(plain(ids).logits, ours, atol=1e-5)
         assert not torch.allclose(original(ids).logits, ours, atol=1e-3)
     assert (exported / "heads.safetensors").is_file() and (exported / "tokenizer.json").is_file()
+    assert "start each prompt with a line end" in " ".join(
+        (exported / "TARGETLM.md").read_text().split()
+    )
     # the export does not clobber a directory
     assert main(["export", str(run), "--output", str(exported)]) == 2
 

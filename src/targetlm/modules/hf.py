@@ -388,6 +388,20 @@ def _pretrained(transformers: Any, directory: Path) -> PretrainedModel:
         ) from None
 
 
+# written beside the exported weights: what plain transformers must do to see what targetlm saw
+EXPORT_NOTE = """# Exported by targetlm
+
+`AutoModelForCausalLM.from_pretrained(this_directory)` loads the fine-tuned backbone.
+
+targetlm reads every text as lines, each ended by a line end, and conditions the first token on
+a line end before it: to get the next-token distributions targetlm trained and evaluated, start
+each prompt with a line end ("\\n" + prompt) when you tokenize it for plain transformers. Without
+it the model continues from a different context and generates different text.
+
+`heads.safetensors` holds the N-gram heads (metadata: their kind and N), read by targetlm.
+"""
+
+
 def export(
     model: nn.Module, tokenizer_dir: Path | None, target: Path, replace: bool = False
 ) -> None:
@@ -415,6 +429,7 @@ def export(
                 for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
                     if (tokenizer_dir / name).is_file():
                         shutil.copyfile(tokenizer_dir / name, staging / name)
+            (staging / "TARGETLM.md").write_text(EXPORT_NOTE, encoding="utf-8")
             if isinstance(model.heads, NgramHeads):
                 heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
                 kind, n = type(model.heads).__name__, str(model.heads.num_predictions)
