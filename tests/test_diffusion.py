@@ -250,13 +250,18 @@ def test_two_shares_of_a_batch_are_noised_and_weighed_as_the_whole_batch():
         counts.append(share_counts)
         return [float(c) for c in share_counts]
 
-    loss.count_divisors = recorded
     for share, prediction in zip(shares, predictions):
-        loss(prediction, share.targets, weight, bias)
+        loss(prediction, share.targets, weight, bias, count_divisors=recorded)
     totals = [a + b for a, b in zip(*counts)]
     assert counts[0] != counts[1]  # uneven tokens (and head positions)
-    loss.count_divisors = lambda c: [t / 2 for t in totals]
-    shared = [loss(p, s.targets, weight, bias).loss for p, s in zip(predictions, shares)]
+
+    def halves(share_counts: list[int]) -> list[float]:
+        return [t / 2 for t in totals]
+
+    shared = [
+        loss(p, s.targets, weight, bias, count_divisors=halves).loss
+        for p, s in zip(predictions, shares)
+    ]
     torch.testing.assert_close((shared[0] + shared[1]) / 2, alone.loss)
 
 

@@ -102,13 +102,16 @@ def test_divisors_equal_to_the_counts_give_the_one_process_loss():
             seen.append(counts)
             return [float(c) for c in counts]
 
-        objective.count_divisors = divisors
-        shared = objective(prediction, targets, weight, bias)
+        shared = objective(prediction, targets, weight, bias, count_divisors=divisors)
         assert seen == [[9, 8, 7]]  # the scored positions of L0, L1, L2
         torch.testing.assert_close(shared.loss, alone.loss)
-        objective.count_divisors = lambda counts: [2.0 * c for c in counts]  # twice the rows
+
+        def twice(counts):  # twice the rows
+            return [2.0 * c for c in counts]
+
         torch.testing.assert_close(
-            objective(prediction, targets, weight, bias).loss, alone.loss / 2
+            objective(prediction, targets, weight, bias, count_divisors=twice).loss,
+            alone.loss / 2,
         )
 
 

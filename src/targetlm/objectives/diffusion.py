@@ -70,9 +70,9 @@ class DiffusionLoss(nn.Module):
         embedding_scale: s of x₀ = s·norm(E_out)[y]; diffusion_weight, anchor_weight,
             length_weight: the weights of the three terms (the diffusion task's options).
 
-    ``count_divisors`` (an attribute; None: each part's own count) is as
+    ``forward``'s ``count_divisors`` (None: each part's own count) is as
     :class:`~targetlm.objectives.ngram.NgramLoss`'s, for every part at once (the MSEs, the
-    anchor's target tokens, the length loss's sentences): several processes set it
+    anchor's target tokens, the length loss's sentences): several processes pass it
     (:class:`~targetlm.training.distributed.ShardedObjective`).
     """
 
@@ -91,7 +91,6 @@ class DiffusionLoss(nn.Module):
         main_weight: float = 0.5,
     ) -> None:
         super().__init__()
-        self.count_divisors: CountDivisors | None = None
         self.objective, self.alpha, self.main_weight = objective, alpha, main_weight
         self.reconstruct: Callable[..., torch.Tensor] | None = (
             None if heads is None else heads.reconstruct
@@ -150,8 +149,9 @@ class DiffusionLoss(nn.Module):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
+        count_divisors: CountDivisors | None = None,
     ) -> LossOutput:
-        terms = self.terms(prediction, targets, weight, bias, self.count_divisors)
+        terms = self.terms(prediction, targets, weight, bias, count_divisors)
         anchor: LossSums = terms["anchor"]
         if anchor.nll_sum is None:
             raise TypeError(f"{type(self.objective).__name__} gives no next-word likelihood")

@@ -94,11 +94,16 @@ class NgramLoss(nn.Module):
     has at least ``AUTO_CHUNK_ELEMENTS`` logits, rows (all heads) × V. Equal results
     within float tolerance.
 
-    ``forward(prediction, targets, weight, bias)``: the model's :class:`Prediction` (x̂
-    (B, T, d), heads' raw outputs (N−1, B, T, d)); targets (B, T + lookahead), the segment's
-    targets followed by ``lookahead = N − 1`` more columns of the stream (IGNORE past its
-    end), so the last positions of a BPTT segment are scored by every head as well. Fewer
-    columns are padded with IGNORE.
+    ``forward(prediction, targets, weight, bias, count_divisors=None)``: the model's
+    :class:`Prediction` (x̂ (B, T, d), heads' raw outputs (N−1, B, T, d)); targets
+    (B, T + lookahead), the segment's targets followed by ``lookahead = N − 1`` more columns
+    of the stream (IGNORE past its end), so the last positions of a BPTT segment are scored
+    by every head as well. Fewer columns are padded with IGNORE. ``count_divisors`` maps the
+    heads' scored positions in this process's rows [c_0..c_{N−1}] to what each head's summed
+    loss is divided by; None: the counts themselves (one process). Several processes pass
+    the whole batch's counts over the number of processes, C_n / K
+    (:class:`~targetlm.training.distributed.ShardedObjective`), so the processes' averaged
+    gradients are the whole batch's: L_n = S_n^r / (C_n / K) on rank r.
 
     Args:
         objective: the built per-head objective.
@@ -112,11 +117,6 @@ class NgramLoss(nn.Module):
         heads_objective: the objective of L_1..L_{N−1} when it differs from the main one
             (e.g. without label smoothing: ``objective.ngram_heads_label_smoothing``);
             None: ``objective``.
-        count_divisors: maps the heads' scored positions in this process's rows [c_0..c_{N−1}]
-            to what each head's summed loss is divided by; None: the counts themselves (one
-            process). Several processes give each the whole batch's counts over the number
-            of processes, C_n / K (:mod:`targetlm.training.distributed`), so the processes'
-            averaged gradients are the whole batch's: L_n = S_n^r / (C_n / K) on rank r.
     """
 
     def __init__(
@@ -129,7 +129,6 @@ class NgramLoss(nn.Module):
         chunk_vocab: int = CHUNK_VOCAB,
         main_weight: float = 0.5,
         heads_objective: Objective | None = None,
-        count_divisors: CountDivisors | None = None,
     ) -> None:
         super().__init__()
         if not alpha >= 0:
@@ -148,7 +147,6 @@ class NgramLoss(nn.Module):
                     "(AL needs detach_target = true); use 'full' or 'auto'"
                 )
         self.loss_impl = loss_impl
-        self.count_divisors = count_divisors
         self.chunk = (chunk_tokens, chunk_vocab)
         self.objective = objective
         self.heads_objective = heads_objective
@@ -224,17 +222,18 @@ class NgramLoss(nn.Module):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
+        count_divisors: CountDivisors | None = None,
     ) -> LossOutput:
         check_targets(targets, weight.size(0))
         rows = self.head_rows(prediction, targets, weight)
         positions = prediction.main.shape[:-1].numel() * len(rows)
         if self.uses_chunked(positions, weight.size(0), weight.device):
             counts = [int((t != IGNORE).sum()) for _, t in rows]  # each head's scored positions
-            divisors = None if self.count_divisors is None else self.count_divisors(counts)
+            divisors = None if count_divisors is None else count_divisors(counts)
             return self.chunked(prediction, rows, counts, divisors, weight, bias)
         records = self.row_losses(rows, weight, bias)
         loss = functional.ngram_loss(
-            normalise(records, self.count_divisors), self.alpha, self.main_weight
+            normalise(records, count_divisors), self.alpha, self.main_weight
         )
         main = records[0]
         if main.nll_sum is None:

@@ -57,7 +57,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, overload
+from typing import Any, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -160,6 +160,15 @@ class Processes:
         tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor)
         return tensor.tolist()
+
+    def sum_tensor(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``values`` over the processes, on their device (no host
+        sync); one process: ``values`` itself."""
+        if not self.several:
+            return values
+        values = values.clone()
+        dist.all_reduce(values)
+        return values
 
     def any(self, flag: bool) -> bool:
         """Whether ``flag`` is true in some process."""
@@ -689,23 +698,29 @@ class ShardedObjective(nn.Module):
     """The trainer's objective on one rank's rows, scaled so that the ranks' averaged
     gradients are the whole batch's: an :class:`~targetlm.objectives.NgramLoss`, or a task's
     loss around it that divides its parts the same way
-    (:class:`~targetlm.objectives.diffusion.DiffusionLoss`).
+    (:class:`~targetlm.objectives.diffusion.DiffusionLoss`); another is refused with a
+    :class:`~targetlm.registry.ConfigError` naming ``task_kind``.
 
     Each part of the loss (each N-gram head's; the diffusion loss's MSEs, anchor and length
     losses) is its summed loss over the whole batch's scored positions, S_n / C_n with
-    C_n = Σ_r c_n^r; the objective divides rank r's sum S_n^r once by C_n / K (its
-    ``count_divisors``, the counts all-reduced here), so the K ranks' averaged gradients are
-    the whole batch's. The returned ``loss`` has the whole batch's value (its gradient is
-    this rank's share), ``nll_sum`` and ``count`` are the whole batch's too, so the trainer
-    logs and checks what one process would.
+    C_n = Σ_r c_n^r; the objective divides rank r's sum S_n^r once by C_n / K (the
+    ``count_divisors`` it is called with, the counts all-reduced here), so the K ranks'
+    averaged gradients are the whole batch's. The returned ``loss`` has the whole batch's
+    value (its gradient is this rank's share), ``nll_sum`` and ``count`` are the whole
+    batch's too (tensors on the device, all-reduced there with the loss: no host sync), so
+    the trainer logs and checks what one process would.
     """
 
-    def __init__(self, objective: NgramLoss | DiffusionLoss, processes: Processes) -> None:
+    def __init__(self, objective: nn.Module, processes: Processes, task_kind: str) -> None:
         super().__init__()
+        if not isinstance(objective, (NgramLoss, DiffusionLoss)):
+            raise ConfigError(
+                f"task.kind = {task_kind!r}: its loss is not shared by rows across "
+                "processes yet; train it in one process"
+            )
         self.objective = objective
         self.processes = processes
         self.lookahead = objective.lookahead
-        objective.count_divisors = self.divisors
 
     def divisors(self, counts: list[int]) -> list[float]:
         """C_n / K for this rank's counts c_n^r (an all-reduce: every rank calls it)."""
@@ -719,15 +734,21 @@ class ShardedObjective(nn.Module):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossOutput:
-        out = self.objective(prediction, targets, weight, bias)
+        out = self.objective(prediction, targets, weight, bias, count_divisors=self.divisors)
         world_size = self.processes.world_size
-        loss_sum, nll_sum, count = self.processes.sum(
-            [out.loss.item(), float(out.nll_sum), out.count]
+        local = torch.stack(
+            [
+                out.loss.detach().double(),
+                out.nll_sum.detach().double(),
+                torch.as_tensor(out.count, dtype=torch.float64, device=out.loss.device),
+            ]
         )
+        loss_sum, nll_sum, count = self.processes.sum_tensor(local).unbind()
         # the value of the whole batch's loss (Σ_r of the ranks' K·L^r / K), the gradient
         # of this rank's share
-        loss = out.loss + (loss_sum / world_size - out.loss.detach())
-        return LossOutput(loss, torch.tensor(nll_sum, dtype=torch.float64), int(count))
+        mean = (loss_sum / world_size).to(out.loss.dtype)
+        loss = out.loss + (mean - out.loss.detach())
+        return LossOutput(loss, nll_sum, cast(int, count.long()))
 
 
 # --- the carried encoder state: each rank's rows, the whole batch in checkpoints -----------

@@ -30,8 +30,7 @@ from targetlm.data import Vocabulary
 from targetlm.files import DiskFullError, atomic_write, disk_full
 from targetlm.inference.evaluate import perplexity
 from targetlm.modules.model import build_model, detach_state
-from targetlm.objectives import NgramLoss, build_objective
-from targetlm.objectives.diffusion import DiffusionLoss
+from targetlm.objectives import build_objective
 from targetlm.registry import ConfigError
 from targetlm.rundir import RunDirError
 from targetlm.tasks import Batch, Task, TaskData, build_task
@@ -126,12 +125,9 @@ class Trainer:
         self.objective = self.task.training_objective(objective, self.model).to(self.device)
         step_objective: nn.Module = self.objective
         if self.processes.several:  # each part divided by the whole batch's count
-            if not isinstance(self.objective, (NgramLoss, DiffusionLoss)):
-                raise ConfigError(
-                    f"task.kind = {c.task.kind!r}: its loss is not shared by rows across "
-                    "processes yet; train it in one process"
-                )
-            step_objective = distributed.ShardedObjective(self.objective, self.processes)
+            step_objective = distributed.ShardedObjective(
+                self.objective, self.processes, c.task.kind
+            )
         self.task.prepare(self.data, c, self.model, self.log)
         self.batches = self._training_batches()
         if self.device.type == "cuda":  # on the GPU once: a step copies nothing from the host
