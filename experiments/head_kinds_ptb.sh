@@ -2,7 +2,7 @@
 # The multi-token head designs side by side on one harness: a small decoder Transformer trained
 # from scratch on PTB with each head kind at N = 4, all at one budget, then evaluated with the
 # head ensemble (benchmark them as self-speculative drafters with benchmarks/speculative.py --run RUN:
-# the command in docs/results.md).
+# the command in docs/history.md).
 #
 # Budget (the CPU-50k regime of experiments/heo_tf_ptb.sh, unchanged for every arm): 2 layers x
 # d 128 (d_ff 512, 4 attention heads, post-LN, ReLU, tied, dropout 0.3, label smoothing 0.1),

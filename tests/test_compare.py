@@ -1,7 +1,7 @@
 """``targetlm compare``: fake run directories in tmp_path (config.toml written by the project's
 config writer, results.json, eval-*.json, translate-*.json, metrics.jsonl) checked against
 hand computations, every bad input as one error line, the committed diffusion records
-against the numbers of docs/results.md's text-diffusion table, and every results.md table that
+against the numbers of docs/history.md's text-diffusion table, and every history.md table that
 sits under a ``targetlm compare docs/records/...`` command against what that command prints."""
 
 from __future__ import annotations
@@ -382,7 +382,7 @@ def test_a_group_has_one_colour_in_both_panels(tmp_path, capsys, monkeypatch):
     assert drawn[1]["sim"] == drawn[0]["sim"] != drawn[0]["base"]
 
 
-# docs/results.md, "Base vs WDR vs WDR + the head ensemble": rows of the committed records as
+# docs/history.md, "Base vs WDR vs WDR + the head ensemble": rows of the committed records as
 # the collector script printed them: (label, direction, length, K) -> base, WDR λ 0, WDR λ 0.1
 # (mean ± sd test BLEU over seeds), ensemble − base
 DIFFUSION_TABLE = {
@@ -423,7 +423,7 @@ def test_committed_diffusion_records_reproduce_the_results_table(capsys, label, 
     assert checked >= 2
 
 
-# docs/results.md, "Heo et al. Table 1, the larger CPU regime": WDR − Sim paired by seed at
+# docs/history.md, "Heo et al. Table 1, the larger CPU regime": WDR − Sim paired by seed at
 # λ 0.2 (mean, paired interval) from the committed records
 HEO_PAIRED = {"sim-n2": ("wdr-n2", -0.91, -1.22, -0.60), "sim-n4": ("wdr-n4", -1.28, -2.55, -0.00)}
 
@@ -446,10 +446,10 @@ REPRODUCTIONS = REPO / "docs" / "reproductions"
 
 
 def printed_tables(
-    path: Path = REPO / "docs" / "results.md", pattern: str = r"docs/records/.*"
+    path: Path = REPO / "docs" / "history.md", pattern: str = r"docs/records/.*"
 ) -> list[tuple[int, list[str], list[str]]]:
     """(line, arguments, table lines) for each ``targetlm compare ARGS`` line (ARGS matching
-    ``pattern``: in docs/results.md, starting with docs/records/) of an ``sh`` block in the
+    ``pattern``: in docs/history.md, starting with docs/records/) of an ``sh`` block in the
     markdown file ``path``, paired with the first markdown table after that block."""
     text = path.read_text(encoding="utf-8")
     name = path.relative_to(REPO)
@@ -487,7 +487,7 @@ def check_printed_table(capsys, monkeypatch, name: str, line: int, argv: list[st
 def test_each_results_md_table_is_what_its_compare_command_prints_from_the_records(
     capsys, monkeypatch, line, argv, table
 ):
-    check_printed_table(capsys, monkeypatch, "docs/results.md", line, argv, table)
+    check_printed_table(capsys, monkeypatch, "docs/history.md", line, argv, table)
 
 
 # docs/reproductions/*.md: every ``targetlm compare`` line that reads docs/records (with or

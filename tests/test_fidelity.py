@@ -5,7 +5,7 @@ is not supported: use ``*``); key is a dotted path in the resolved config, where
 option the preset leaves out is its constructor's default; value is TOML. A claim that names no
 preset, or a preset value that differs from the table, fails.
 
-The second half checks the budgets (training tokens, epochs, patience) that docs/results.md,
+The second half checks the budgets (training tokens, epochs, patience) that docs/history.md,
 docs/fidelity.md and the experiment scripts' headers state against what the scripts run.
 """
 
@@ -82,7 +82,7 @@ def test_fidelity_claim_matches_the_presets(presets, key, value):
 
 # --- the budgets the documents state against what the experiment scripts run ---------------
 #
-# docs/results.md puts the commands of each table in a fenced ``sh`` block whose comments state
+# docs/history.md puts the commands of each table in a fenced ``sh`` block whose comments state
 # the budget (e.g. "first 50k tokens", "patience 5 (paper 50) within 30 epochs"), and the
 # experiment scripts' comment headers state their defaults (e.g. "TOKENS training tokens
 # (default 50k)"). The tests below run those commands and scripts with a stand-in ``targetlm``
@@ -208,13 +208,13 @@ def mismatches(trainings, stated) -> list[str]:
 
 
 def results_blocks() -> list[tuple[int, str, str]]:
-    """(line, comments, commands) of each ``sh`` block of docs/results.md that states a budget.
+    """(line, comments, commands) of each ``sh`` block of docs/history.md that states a budget.
 
     comments: the block's comment text (whole-line and trailing ``  # ...``); commands: the
     statements that train (``bash experiments/...``, ``targetlm train``, loops around them,
     ``export``), continuation lines joined.
     """
-    text = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "history.md").read_text(encoding="utf-8")
     blocks = []
     for match in re.finditer(r"^```sh\n(.*?)^```", text, flags=re.M | re.S):
         line_number = text.count("\n", 0, match.start()) + 1
@@ -265,7 +265,7 @@ def script_headers() -> list[tuple[str, dict[str, str], str]]:
 
 def test_results_blocks_state_budgets():
     lines = [line for line, _, _ in results_blocks()]
-    assert len(lines) >= 3, f"docs/results.md: only {lines} state a budget; the parser broke?"
+    assert len(lines) >= 3, f"docs/history.md: only {lines} state a budget; the parser broke?"
     assert all(commands for _, _, commands in results_blocks())
 
 
@@ -275,9 +275,9 @@ def test_results_blocks_state_budgets():
 def test_results_block_budget_matches_its_scripts(tmp_path, line, comments, commands):
     stated = stated_budget(comments)
     trainings = recorded_trainings(tmp_path, commands)
-    assert trainings, f"docs/results.md line {line}: states {stated} but trains nothing"
+    assert trainings, f"docs/history.md line {line}: states {stated} but trains nothing"
     wrong = mismatches(trainings, stated)
-    assert not wrong, f"docs/results.md line {line}: " + "; ".join(wrong)
+    assert not wrong, f"docs/history.md line {line}: " + "; ".join(wrong)
 
 
 HEADERS_WITH_BUDGETS = [header for header in script_headers() if stated_budget(header[2])]
@@ -310,7 +310,7 @@ def test_fidelity_cpu_regimes_are_the_tables_budgets(tmp_path):
         stated = stated_budget(paragraph)
         assert stated, f"fidelity.md's {script} regime states no budget"
         users = [b for b in blocks if f"experiments/{script}" in b[2]]
-        assert users, f"no docs/results.md block runs experiments/{script}"
+        assert users, f"no docs/history.md block runs experiments/{script}"
         agreeing = [
             line
             for line, _, commands in users
