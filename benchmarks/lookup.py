@@ -11,6 +11,7 @@ others is reported with every round's time.
     python benchmarks/lookup.py --run configs/smollm2-wt2-base.toml --threads 1 [--batch 1] \\
         [--prompts 8] [--new-tokens 128] [--rounds 3] [--min-ngram 1,2] [--lookup-tokens 4,10] \\
         [--json-out FILE]
+    python benchmarks/lookup.py --quick      # SmolLM2, 1 prompt, 16 tokens: a smoke run
 
 The last stdout line is one JSON object (also written to ``--json-out``): per variant the
 median seconds, the speed-up over greedy, each measured round's seconds, the same in CPU time
@@ -24,7 +25,6 @@ import argparse
 import functools
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,12 +32,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import median  # noqa: E402
 from speculative import prompts_from  # noqa: E402
 
 from targetlm.inference import speculative  # noqa: E402
 from targetlm.inference.generate import generate_batch  # noqa: E402
 from targetlm.runs import load_run  # noqa: E402
 
+QUICK_RUN = "configs/smollm2-wt2-base.toml"
 LENGTHS = (16, 9, 24, 12, 20, 14, 18, 10, 22, 16, 12, 26)  # prompt lengths, in tokens
 
 
@@ -50,7 +52,7 @@ def integers(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--run", required=True, help="a run directory or config (e.g. SmolLM2's)")
+    p.add_argument("--run", help="a run directory or config (e.g. SmolLM2's; --quick: SmolLM2's)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=1, help="prompts generated together")
     p.add_argument("--prompts", type=int, default=8, choices=range(1, len(LENGTHS) + 1))
@@ -59,7 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-ngram", type=integers, default=[1, 2])
     p.add_argument("--lookup-tokens", type=integers, default=[4, 10])
     p.add_argument("--json-out", type=Path)
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: 1 prompt, 16 tokens, 2 rounds, 1 variant"
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.prompts, args.new_tokens, args.rounds = 1, 16, 2
+        args.min_ngram, args.lookup_tokens = [1], [4]
+        args.run = args.run or QUICK_RUN
+    if args.run is None:
+        p.error("--run is required (or --quick)")
     if args.rounds < 2:
         p.error("--rounds: at least 2 (the first is a warm-up)")
     torch.set_num_threads(args.threads)
@@ -109,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
     finally:
         speculative.PromptLookup = original
-    greedy = statistics.median(seconds["greedy"])
-    greedy_cpu = statistics.median(cpu["greedy"])
+    greedy = median(seconds["greedy"])
+    greedy_cpu = median(cpu["greedy"])
     result = {
         "machine": platform.processor() or platform.machine(),
         "threads": args.threads,
@@ -121,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         "identical": True,
         "variants": {
             name: {
-                "median_s": round(statistics.median(times), 2),
-                "speedup": round(greedy / statistics.median(times), 2),
+                "median_s": round(median(times), 2),
+                "speedup": round(greedy / median(times), 2),
                 "rounds_s": [round(t, 2) for t in times],
-                "median_cpu_s": round(statistics.median(cpu[name]), 2),
-                "speedup_cpu": round(greedy_cpu / statistics.median(cpu[name]), 2),
+                "median_cpu_s": round(median(cpu[name]), 2),
+                "speedup_cpu": round(greedy_cpu / median(cpu[name]), 2),
                 "rounds_cpu_s": [round(t, 2) for t in cpu[name]],
                 "drafting_steps": counts[name][0],
                 "accepted_per_step": None if counts[name][1] is None else round(counts[name][1], 2),

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import platform
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import common
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -304,6 +304,7 @@ class TargetlmSide(Side):
             trainer.trainable = trainer.processes.wrap(
                 trainer.step_module, find_unused_parameters=False
             )
+        trainer.compiled, trainer.compiled_shape = None, None  # eager: train.compile = "off"
         trainer.epoch, trainer.step, trainer.state = 1, 0, None
         # the batches Trainer._setup would make from a training split
         stream = random_stream(spec, TRAIN_SEGMENTS, SEED)
@@ -414,19 +415,21 @@ def interleaved(
     round of one side lasts about ``round_seconds`` (``0``: one step, no calibration); both
     sides run the same number of steps.
     """
-    names = list(sides)
-    for name in names:
-        sides[name](WARMUP_STEPS)  # first-call allocation, kernel selection, caches
+    for runner in sides.values():
+        runner(WARMUP_STEPS)  # first-call allocation, kernel selection, caches
     steps = 1
     if round_seconds > 0:
-        step_seconds = [timed(sides[name], 1)[0] for name in names]
+        step_seconds = [timed(runner, 1)[0] for runner in sides.values()]
         steps = max(1, round(round_seconds / statistics.mean(step_seconds)))
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    for index in range(rounds):
-        for name in names if index % 2 == 0 else reversed(names):
-            seconds, tokens = timed(sides[name], steps)
-            samples[name].append(tokens / seconds)
-    return samples
+
+    def tokens_per_second(runner: StepRunner) -> Callable[[], float]:
+        def run() -> float:
+            seconds, tokens = timed(runner, steps)
+            return tokens / seconds
+
+        return run
+
+    return common.interleaved({n: tokens_per_second(r) for n, r in sides.items()}, rounds)
 
 
 @dataclass
@@ -460,7 +463,7 @@ def measure(spec: Spec, rounds: int, round_seconds: float, workdir: Path) -> lis
         start = time.perf_counter()
         runners = {name: side[mode] for name, side in sides.items()}
         samples = interleaved(runners, rounds, round_seconds)
-        median = {name: statistics.median(values) for name, values in samples.items()}
+        median = common.medians(samples)
         rows.append(
             Row(
                 config=spec.name,
@@ -469,7 +472,7 @@ def measure(spec: Spec, rounds: int, round_seconds: float, workdir: Path) -> lis
                 # backward = 2x forward (gradients of activations and of weights)
                 flops_per_token=forward_flops_per_token(spec) * (3 if mode == "train" else 1),
                 tok_s=median,
-                spread={name: (max(v) - min(v)) / median[name] for name, v in samples.items()},
+                spread={name: common.spread(v) for name, v in samples.items()},
             )
         )
         seconds = time.perf_counter() - start
@@ -623,10 +626,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{args.rounds} rounds per side, median tok/s; attention FLOPs over the full T x T; "
         "spread = (max - min) / median over rounds"
     )
-    line = json.dumps(result, separators=(",", ":"))
-    if args.json_out:
-        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print("JSON " + line)
+    common.emit(result, args.json_out, compact=True)
     return result
 
 
