@@ -82,6 +82,7 @@ from translation import (
     Shape,
     copy_weights,
     log,
+    preset_shape,
     random_pairs,
 )
 from translation import model_config as translation_config
@@ -402,7 +403,7 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
-    shape = Shape(*SHAPES[args.shape])
+    shape = preset_shape(args.shape)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}, "

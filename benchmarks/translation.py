@@ -49,6 +49,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,7 @@ from common import emit, interleaved, median, rate, spread
 from torch import nn
 
 from targetlm.config import ComponentConfig, ModelConfig
+from targetlm.config import load as load_config
 from targetlm.inference.translate import DecodeOptions, translate_ids
 from targetlm.modules import build_model
 from targetlm.objectives import build_objective
@@ -64,10 +66,9 @@ from targetlm.tasks import Batch, TranslationTask, pair_batches
 IGNORE = -100
 EOS = 2  # ids 0 (source padding) and 1 are never drawn; any fixed id would do
 SEED = 1234
-SHAPES = {  # d, ff, encoder layers, decoder layers, heads, vocabulary
-    "tiny": (128, 256, 2, 2, 4, 6000),  # configs/nmt-tiny-multi30k-base.toml
-    "small": (512, 1024, 6, 6, 4, 6000),  # configs/nmt-small-multi30k-base.toml (d, ff, layers)
-}
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+SHAPES = {"tiny": "nmt-tiny-multi30k-base", "small": "nmt-small-multi30k-base"}  # --shape: preset
+VOCAB = 6000  # both shapes: the tiny preset's BPE vocabulary
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,21 @@ class Shape:
     heads: int
     vocab: int
     max_context: int = 256
+
+
+def preset_shape(name: str) -> Shape:
+    """The model shape of ``--shape name``: its preset's d, ff, layers, heads and context."""
+    config = load_config(CONFIGS / f"{SHAPES[name]}.toml")
+    encoder = config.model.encoder.options
+    return Shape(
+        d=config.model.embedding.options["size"],
+        ff=encoder["ff_size"],
+        encoder_layers=encoder["encoder_layers"],
+        decoder_layers=encoder["decoder_layers"],
+        heads=encoder["num_heads"],
+        vocab=VOCAB,
+        max_context=encoder["max_context"],
+    )
 
 
 def model_config(shape: Shape, dropout: float, heads: str = "none") -> ModelConfig:
@@ -354,7 +370,7 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
-    shape = Shape(*SHAPES[args.shape])
+    shape = preset_shape(args.shape)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}, {platform.processor() or '?'}, "
