@@ -334,7 +334,10 @@ def test_cli_pretrains_a_wdr_masked_lm_and_finetunes_a_classifier(tmp_path, caps
         ]  # fmt: skip
     )
     assert status == 0
-    assert "test accuracy" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "test accuracy" in out
+    closing = [line for line in out.splitlines() if " parameters | " in line][-1]
+    assert closing.startswith("valid accuracy ") and "ppl" not in closing  # not a perplexity
     results = json.loads((finetuned / "results.json").read_text())
     assert results["test"]["examples"] == 8
     assert set(results["test"]) >= {"accuracy", "macro_f1", "f1", "matthews"}

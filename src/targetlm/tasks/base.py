@@ -185,6 +185,10 @@ class Task(ABC, Generic[ModelT]):
     ) -> dict[str, Any]:
         """``split``'s figures in a finished run's results.json (with at least ``ppl``)."""
 
+    def headline(self, results: dict[str, Any]) -> str:
+        """The figures that open the line training ends with: valid and test perplexity."""
+        return f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
+
     def summary(self, results: dict[str, Any]) -> list[str]:
         """The lines ``targetlm train`` prints for a finished run's ``results`` (results.json's
         content): the test perplexity by default."""

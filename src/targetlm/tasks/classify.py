@@ -361,6 +361,11 @@ class SequenceClassificationTask(Task[SequenceClassifier]):
         )
         return f"{split}: {figures} over {result['examples']:,} examples"
 
+    def headline(self, results: dict[str, Any]) -> str:
+        """Valid and test accuracy (a classifier's perplexity is no figure of it)."""
+        valid, test = results["valid"]["accuracy"], results["test"]["accuracy"]
+        return f"valid accuracy {valid:.4f} | test accuracy {test:.4f}"
+
     def summary(self, results: dict[str, Any]) -> list[str]:
         """Test accuracy and macro-F1 (the perplexity is exp of the labels' cross entropy)."""
         test = results["test"]

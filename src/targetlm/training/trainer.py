@@ -658,7 +658,7 @@ class Trainer:
         atomic_write(self.run_dir / runs.RESULTS, json.dumps(results, indent=2) + "\n")
         write_report(self.run_dir, self.config, results)
         self.log(
-            f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f} "
+            f"{self.task.headline(results)} "
             f"| {results['total_params']:,} parameters | {wall_time:.0f} s | report: {self.run_dir / runs.REPORT}"
         )
         return results
