@@ -229,3 +229,23 @@ def test_training_on_an_absent_gpu_is_one_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="no CUDA GPU is available"):
         Trainer(tiny_config(**{"train.device": '"cuda"'}), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_no_progress_bar_is_written_into_a_log_file(tmp_path):
+    """With stderr redirected to a file (no terminal), training writes no progress bar there,
+    even with train.progress = true."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "log.txt"
+    with log.open("w") as handle:
+        completed = subprocess.run(
+            [sys.executable, "-m", "targetlm", "train", "configs/quickstart.toml",
+             "--run-dir", str(tmp_path / "run"), "--set", "train.max_steps=3",
+             "--set", "train.progress=true"],
+            stdout=handle, stderr=subprocess.STDOUT, timeout=300,
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+    assert completed.returncode == 0, log.read_text()
+    text = log.read_text()
+    assert "it/s" not in text and "\r" not in text and "test perplexity" in text

@@ -549,7 +549,8 @@ class Trainer:
             bar = tqdm(
                 total=len(order),
                 initial=self.batch_index,
-                disable=not c.progress,
+                # (None: tqdm's own rule, no bar where stderr is no terminal: a log file)
+                disable=None if c.progress else True,
                 desc=f"epoch {self.epoch}",
                 leave=False,
                 dynamic_ncols=True,
