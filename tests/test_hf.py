@@ -415,10 +415,11 @@ def test_a_base_model_skips_the_heads_only_steps(model_dir, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def exportable_run(model_dir, tmp_path_factory):
-    """A trained hf run with WDR heads (read-only)."""
+def exportable_run(tmp_path_factory):
+    """A trained hf run (a tiny Llama) with WDR heads (read-only)."""
     root = tmp_path_factory.mktemp("export")
-    config = write_config(root / "c.toml", model_dir, "wdr", "cross_entropy")
+    model = write_model(root / "llama", "llama")
+    config = write_config(root / "c.toml", model, "wdr", "cross_entropy")
     run = root / "run"
     assert main(["train", str(config), "--run-dir", str(run), "--set", "train.max_steps=2"]) == 0
     return run
