@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import synchronize
 
 from targetlm import builders
 from targetlm.training import Trainer
@@ -94,26 +95,25 @@ def build(preset: str, mode: str, device: str, overrides: list[str], run_dir: Pa
     return trainer
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def train(trainer: Trainer, index: int) -> tuple[torch.Tensor, Any]:
+    """One training step on batch ``index`` (cycling): its summed NLL and target count, as
+    ``Trainer.train_step`` returns them (nothing read from the device)."""
+    batch = trainer.batches[index % len(trainer.batches)]
+    result = trainer.train_step(batch, trainer._scheduled_lr())
+    trainer.step += 1
+    return result
 
 
 def step(trainer: Trainer, index: int) -> float:
-    """One training step on batch ``index`` (cycling); its main loss per target (a float:
-    reads the device)."""
-    batch = trainer.batches[index % len(trainer.batches)]
-    nll, count = trainer.train_step(batch, trainer._scheduled_lr())
-    trainer.step += 1
+    """One training step; its main loss per target (a float: reads the device)."""
+    nll, count = train(trainer, index)
     return float(nll) / int(count)
 
 
 def run_steps(trainer: Trainer, index: int, steps: int) -> int:
     """``steps`` steps from batch ``index`` without reading the device; the next index."""
     for _ in range(steps):
-        batch = trainer.batches[index % len(trainer.batches)]
-        trainer.train_step(batch, trainer._scheduled_lr())
-        trainer.step += 1
+        train(trainer, index)
         index += 1
     return index
 
@@ -138,7 +138,7 @@ def measure(args: argparse.Namespace, preset: str, mode: str, ready: Path | None
         trainer = build(preset, mode, args.device, overrides, Path(tmp) / "run")
         losses = [step(trainer, i) for i in range(args.compare)]
         index = run_steps(trainer, args.compare, args.warmup)
-        sync(args.device)
+        synchronize(args.device)
         if ready is not None:
             (ready / str(os.getpid())).touch()
             while len(list(ready.iterdir())) < args.concurrent:
@@ -147,7 +147,7 @@ def measure(args: argparse.Namespace, preset: str, mode: str, ready: Path | None
         while True:
             index = run_steps(trainer, index, args.chunk)
             steps += args.chunk
-            sync(args.device)
+            synchronize(args.device)
             seconds = time.perf_counter() - started
             if seconds >= args.seconds:
                 break

@@ -14,13 +14,13 @@ float sums; the losses agree to about 1e-6).
 
 from __future__ import annotations
 
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from test_bit_identity import write_pairs
 
 from targetlm import builders
 from targetlm.registry import ConfigError
@@ -33,36 +33,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 STEPS = 4
-WORDS = [
-    "a",
-    "dog",
-    "cat",
-    "man",
-    "runs",
-    "sits",
-    "plays",
-    "in",
-    "the",
-    "park",
-    "on",
-    "grass",
-    "with",
-    "ball",
-    "red",
-]
-
-
-def write_pairs(directory: Path) -> None:
-    """A toy language pair (the target is the source reversed, in capitals)."""
-    rng = random.Random(0)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 40), ("val", 4), ("test", 4)):
-        src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 5))) for _ in range(n)]
-        tgt = [" ".join(reversed(line.upper().split())) for line in src]
-        (directory / f"{split}.src").write_text("\n".join(src) + "\n", encoding="utf-8")
-        (directory / f"{split}.tgt").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-
-
 SYNTHETIC = {
     "name": "synthetic",
     "batch_size": 4,
