@@ -7,12 +7,17 @@ name each other's types still cannot be read or type-checked apart, and such a c
 into a runtime one the day one of the names is used at run time (an `isinstance`, a default).
 The rules about what a module may reach (`test_imports_run_downwards` and the like) are about
 what runs, so they follow runtime imports only.
+
+The layers are the picture in the package's docstring (`help(targetlm)`): every module of the
+package lies in one of its layers, and no import, runtime or for types, runs from a layer up
+to a layer above it.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -146,6 +151,64 @@ def test_find_cycle_reports_the_modules_of_a_cycle():
 def test_no_import_cycles():
     cycle = find_cycle(import_graph(type_checking=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def layers(doc: str | None = targetlm.__doc__) -> list[set[str]]:
+    """The package docstring's picture of its layers, top first: the names on each line.
+
+    The picture is the docstring's literal block (after ``::``): one layer a line, its
+    top-level modules and packages joined by `` · ``, then two or more spaces and a caption.
+    """
+    block = (doc or "").split("::\n\n", 1)[-1].split("\n\n", 1)[0]
+    rows = [re.split(r"\s{2,}", line.strip(), maxsplit=1)[0] for line in block.splitlines()]
+    return [set(row.split(" · ")) for row in rows if row]
+
+
+def _top(module: str) -> str:
+    """The top-level module or package of the package that `module` lies in."""
+    return module.split(".")[1] if "." in module else module
+
+
+def arrows_back_up(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Every import of `graph` from a module to a module of a higher layer, as `a -> b`."""
+    level = {name: i for i, names in enumerate(layers) for name in names}
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if "." in a
+        for b in targets
+        if "." in b and level[_top(b)] < level[_top(a)]
+    )
+
+
+def test_the_picture_of_the_layers_places_every_module_once():
+    placed = [name for layer in layers() for name in layer]
+    assert len(placed) == len(set(placed)), "a name in two layers of the picture"
+    modules = {_top(m) for m in import_graph() if "." in m}
+    assert set(placed) == modules, (
+        f"not in the picture: {sorted(modules - set(placed))}; "
+        f"in the picture, not in the package: {sorted(set(placed) - modules)}"
+    )
+
+
+def test_no_import_runs_back_up_the_layers():
+    """Lazy imports and imports for types count: 0 arrows run from a layer to one above it."""
+    assert arrows_back_up(import_graph(type_checking=True), layers()) == []
+
+
+def test_an_import_from_a_higher_layer_is_an_arrow_back_up(tmp_path):
+    picture = "pkg.\n\nLayers::\n\n    top · side  drivers\n    low         parts\n\nEnd.\n"
+    assert layers(picture) == [{"top", "side"}, {"low"}]
+    package = _package(
+        tmp_path,
+        {
+            "top.py": "from pkg import low\n",
+            "side.py": "from pkg.top import x\n",
+            "low.py": "def f():\n    from pkg.side import y\n",
+        },
+    )
+    graph = import_graph(root=package)
+    assert arrows_back_up(graph, layers(picture)) == ["pkg.low -> pkg.side"]
 
 
 def _package(root: Path, files: dict[str, str]) -> Path:

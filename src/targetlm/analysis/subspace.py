@@ -19,8 +19,12 @@ import torch
 from targetlm import builders, functional
 from targetlm.config import Config
 from targetlm.modules.interfaces import EmbeddingTable
+from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
-from targetlm.training.trainer import Trainer
+
+Train = Callable[[Config, Path], tuple[LanguageModel, dict[str, Any]]]
+"""Trains one run: ``(config, run_dir) -> (trained model, the run's results)``, the results
+holding ``results["valid"]["ppl"]`` (the trainer's, passed in by the command that drives it)."""
 
 
 def sweep(
@@ -57,12 +61,15 @@ def run_subspace_analysis(
     config: Config,
     out_dir: str | Path,
     settings: Sequence[tuple[float, float]],
+    train: Train,
     log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """Train one model per (β, τ) under ``out_dir`` and measure the subspace distance of each.
+    """Train one model per (β, τ) under ``out_dir`` with ``train`` and measure the subspace
+    distance of each.
 
     ``config`` must use the ``augmented`` objective; its β and τ are replaced per run, every
-    setting checked before the first run starts (:func:`run_configs`).
+    setting checked before the first run starts (:func:`run_configs`). The analysis does not
+    train by itself: the caller passes the training (the command passes the trainer's).
     Writes ``subspace.json``, ``subspace.md`` and ``subspace.png`` into ``out_dir``.
     """
     out_dir = Path(out_dir)
@@ -70,14 +77,13 @@ def run_subspace_analysis(
     for (beta, tau), run_config in zip(settings, run_configs(config, settings)):
         run_dir = out_dir / f"beta{beta:g}-tau{tau:g}"
         log(f"training β = {beta:g}, τ = {tau:g} -> {run_dir}")
-        trainer = Trainer(run_config, run_dir, log=lambda message: None)
-        results = trainer.train()
+        model, results = train(run_config, run_dir)
         with torch.no_grad():
-            embedding = trainer.model.embedding
+            embedding = model.embedding
             if not isinstance(embedding, EmbeddingTable):
                 raise ValueError("the subspace analysis needs an input embedding with a table")
             input_table = embedding.table()
-            output_table, _ = trainer.model.output()
+            output_table, _ = model.output()
             distance = float(functional.subspace_distance(input_table, output_table))
         rows.append(
             {"beta": beta, "tau": tau, "distance": distance, "valid_ppl": results["valid"]["ppl"]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from targetlm import builders
 from targetlm.cli.common import (
@@ -20,13 +21,15 @@ from targetlm.cli.common import (
 )
 from targetlm.cli.compare import PLOT_FORMATS
 from targetlm.cli.outputs import add_force_option, check_output, run_inputs
+from targetlm.config import Config
 from targetlm.data import (
     DataError,
     with_context_token,
 )
 from targetlm.inference.scoring import Combiners
+from targetlm.modules.model import LanguageModel
 from targetlm.registry import MAX_SIZE, ConfigError, Range
-from targetlm.training.trainer import RunDirError
+from targetlm.training.trainer import RunDirError, Trainer
 
 TSNE_SEED = number_in(Range(0, 2**32 - 1), integer=True)  # scikit-learn's random_state
 LEVEL = number_in(Range(0, MAX_SIZE), integer=True)
@@ -62,9 +65,18 @@ def subspace(args: argparse.Namespace) -> int:
         raise RunDirError(
             f"output directory {out_dir} exists and is not empty; choose another --out"
         )
-    rows = run_subspace_analysis(config, out_dir, runs, log=lambda m: print(m, flush=True))
+    rows = run_subspace_analysis(
+        config, out_dir, runs, train=_train_quietly, log=lambda m: print(m, flush=True)
+    )
     print((out_dir / "subspace.md").read_text(encoding="utf-8"), end="")
     return 0 if rows else 1
+
+
+def _train_quietly(config: Config, run_dir: Path) -> tuple[LanguageModel, dict[str, Any]]:
+    """One run of the subspace sweep: the trainer's model and results, its log not printed."""
+    trainer = Trainer(config, run_dir, log=lambda message: None)
+    results = trainer.train()
+    return trainer.model, results
 
 
 def word_probs(args: argparse.Namespace) -> int:
