@@ -191,6 +191,40 @@ def test_a_combiner_that_cannot_apply_is_one_error():
         Combiners(ensemble_lambdas=(1.5,))
 
 
+def test_a_newly_registered_combiner_is_built_from_the_registry_alone(monkeypatch):
+    """`build_combiners` names no combiner: one registered with its `requested` options is
+    built, in its order, and applied by the evaluation loop."""
+    from targetlm.inference.combiners import ProbabilityCombiner
+
+    class Scale(ProbabilityCombiner):
+        order = 5  # after the caches
+
+        def __init__(self, factor: float, uniform_weight: float = 0.0) -> None:
+            self.factor, self.uniform_weight = factor, uniform_weight
+
+        @classmethod
+        def requested(cls, combiners, uniform):
+            return {"factor": 0.5} if combiners.unigram_cache else None
+
+        def combine(self, probs, stream, segment):
+            return probs * self.factor
+
+    vocab = Vocabulary.build(tokens_from_text(TRAIN))
+    torch.manual_seed(0)
+    model = build_model(model_config("lstm", "tied"), vocab.itos).eval()
+    tokens = tokens_from_text(TEST)
+    with torch.no_grad():
+        cached = score_streams(model, vocab, tokens, combiners=Combiners(unigram_cache=UNIGRAM))
+        monkeypatch.setitem(COMBINERS._entries, "scale", Scale)
+        scaled = score_streams(model, vocab, tokens, combiners=Combiners(unigram_cache=UNIGRAM))
+        plain = score_streams(model, vocab, tokens, combiners=Combiners())
+        monkeypatch.delitem(COMBINERS._entries, "scale")
+        unscaled = score_streams(model, vocab, tokens, combiners=Combiners())
+    expected = cached[0].log_probs + math.log(0.5)
+    torch.testing.assert_close(scaled[0].log_probs, expected, rtol=0, atol=1e-6)
+    assert torch.equal(plain[0].log_probs, unscaled[0].log_probs)  # not requested: not built
+
+
 def test_cli_composes_the_ensemble_with_caches_and_open_vocabulary(tmp_path, capsys):
     """``targetlm eval RUN --ensemble-lambda 0,0.4 --neural-cache 0.1 --open-vocab --json``."""
     config = tiny_config(

@@ -23,8 +23,9 @@ Every evaluation (``targetlm eval``, scoring, the trainer's validation) runs one
      ``(1 − λ)·p + λ·p_cache`` where the cache has entries. Both read the text and the main
      head's x̂ only, so one cache serves every stream.
 
-Each combiner class is registered in :data:`COMBINERS` with its ``stage`` and ``order``;
-:func:`build_combiners` turns the user-facing :class:`Combiners` into the built ones and checks
+Each combiner class is registered in :data:`COMBINERS` with its ``stage`` and ``order``, and
+says which of the user-facing :class:`Combiners` fields turn it on (its ``requested``);
+:func:`build_combiners` asks every registered combiner, builds the ones requested and checks
 that each can apply (λ without heads is one :class:`CombinerError`).
 """
 
@@ -162,6 +163,14 @@ class VectorCombiner(ABC):
     stage: ClassVar[Literal["vector"]] = "vector"
     order: ClassVar[int] = 0
 
+    @classmethod
+    @abstractmethod
+    def requested(cls, combiners: Combiners, uniform: float) -> dict[str, Any] | None:
+        """This combiner's options as ``combiners`` asks for them, None when it is off.
+
+        uniform: the uniform mixture's μ in effect for the text (:func:`uniform_weight_in_effect`).
+        """
+
     @property
     @abstractmethod
     def names(self) -> list[float]:
@@ -185,6 +194,14 @@ class ProbabilityCombiner(ABC):
 
     stage: ClassVar[Literal["probability"]] = "probability"
     order: ClassVar[int]
+
+    @classmethod
+    @abstractmethod
+    def requested(cls, combiners: Combiners, uniform: float) -> dict[str, Any] | None:
+        """This combiner's options as ``combiners`` asks for them, None when it is off.
+
+        uniform: the uniform mixture's μ in effect for the text (:func:`uniform_weight_in_effect`).
+        """
 
     def check(self, model: LanguageModel, context: ScoringContext) -> None:
         """Raise :class:`CombinerError` when this combiner cannot apply (default: it always can)."""
@@ -290,6 +307,11 @@ class HeadEnsemble(VectorCombiner):
         self.unknown = unknown
         self.estimator: HeadEstimates | None = None
 
+    @classmethod
+    def requested(cls, combiners: Combiners, uniform: float) -> dict[str, Any] | None:
+        lambdas = combiners.ensemble_lambdas
+        return {"lambdas": list(lambdas)} if lambdas else None
+
     @property
     def names(self) -> list[float]:
         return self.lambdas
@@ -326,6 +348,10 @@ class UniformMixture(ProbabilityCombiner):
             raise ValueError(f"uniform_weight must be in [0, 1), got {weight}")
         self.weight = weight
         self.vocab_size = 1
+
+    @classmethod
+    def requested(cls, combiners: Combiners, uniform: float) -> dict[str, Any] | None:
+        return {"weight": uniform} if uniform else None
 
     def check(self, model: LanguageModel, context: ScoringContext) -> None:
         if context.compositional:
@@ -364,6 +390,11 @@ class NewWordWeight(ProbabilityCombiner):
         self.weight = weight
         self.uniform_weight = uniform_weight
         self.context: ScoringContext | None = None
+
+    @classmethod
+    def requested(cls, combiners: Combiners, uniform: float) -> dict[str, Any] | None:
+        weight = combiners.new_word_weight
+        return {"weight": weight} if weight < 1 else None
 
     def start(self, context: ScoringContext) -> None:
         self.context = context  # a closed vocabulary has no new words: then it changes nothing
@@ -404,6 +435,11 @@ class UnigramCacheCombiner(_Cache):
 
     order = 3
 
+    @classmethod
+    def requested(cls, combiners: Combiners, uniform: float) -> dict[str, Any] | None:
+        weight = combiners.unigram_cache
+        return {"weight": weight} if weight else None
+
     def start(self, context: ScoringContext) -> None:
         self.cache = UnigramCache(context.batch_size, context.vocab_size, context.device)
 
@@ -423,6 +459,13 @@ class NeuralCacheCombiner(_Cache):
         if window < 1:
             raise ValueError(f"the neural cache window must be >= 1, got {window}")
         self.theta, self.window = theta, window
+
+    @classmethod
+    def requested(cls, combiners: Combiners, uniform: float) -> dict[str, Any] | None:
+        if not combiners.neural_cache:
+            return None
+        theta, window = combiners.neural_theta, combiners.neural_window
+        return {"weight": combiners.neural_cache, "theta": theta, "window": window}
 
     def start(self, context: ScoringContext) -> None:
         self.cache = NeuralCache(self.window, self.theta)
@@ -461,32 +504,19 @@ def build_combiners(
 
     ``unknown``: the ``<unk>`` id (the WDR conjugate of a closed layer's new words)."""
     built = BuiltCombiners()
-    if combiners.ensemble_lambdas:
-        vector = COMBINERS.build(
-            "head_ensemble", {"lambdas": list(combiners.ensemble_lambdas)}, unknown=unknown
-        )
-        assert isinstance(vector, VectorCombiner)
-        built.vector = vector
     uniform = uniform_weight_in_effect(combiners, context)
-    wanted: list[tuple[str, dict]] = []
-    if uniform:
-        wanted.append(("uniform", {"weight": uniform}))
-    if combiners.new_word_weight < 1:
-        wanted.append(("new_word_weight", {"weight": combiners.new_word_weight}))
-    if combiners.unigram_cache:
-        wanted.append(("unigram_cache", {"weight": combiners.unigram_cache}))
-    if combiners.neural_cache:
-        options = {
-            "weight": combiners.neural_cache,
-            "theta": combiners.neural_theta,
-            "window": combiners.neural_window,
-        }
-        wanted.append(("neural_cache", options))
-    for name, options in wanted:
-        extra: dict[str, Any] = {"uniform_weight": uniform} if name == "new_word_weight" else {}
-        combiner = COMBINERS.build(name, options, **extra)
-        assert isinstance(combiner, ProbabilityCombiner)
-        built.probability.append(combiner)
+    for name in COMBINERS.names():
+        kind = COMBINERS.get(name)
+        assert isinstance(kind, type) and issubclass(kind, (VectorCombiner, ProbabilityCombiner))
+        options = kind.requested(combiners, uniform)
+        if options is None:
+            continue
+        combiner = COMBINERS.build(name, options, unknown=unknown, uniform_weight=uniform)
+        if isinstance(combiner, VectorCombiner):
+            assert built.vector is None, "one vector combiner per evaluation"
+            built.vector = combiner
+        else:
+            built.probability.append(combiner)
     built.probability.sort(key=lambda c: c.order)
     built.check(model, context)
     return built
