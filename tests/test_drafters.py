@@ -1,8 +1,9 @@
-"""Incremental drafting (``inference.drafters``) equals recomputing the heads for every row at
-every step: gloeckle's layers over the row's last ``window`` columns (``speculative.draft``),
-MTP's depths over the whole text the row read (the training-time forward, drafts after column
-t); batch 1 and 4, rows that keep different numbers of tokens, steps without drafts, rows
-that leave."""
+"""Incremental drafting (``modules.drafting``, built by ``heads.drafter``) equals recomputing
+the heads for every row at every step: gloeckle's layers over the row's last ``window`` columns
+(``drafting.draft``), MTP's depths over the whole text the row read (the training-time forward,
+drafts after column t); batch 1 and 4, rows that keep different numbers of tokens (up to a
+wider verification than the heads' own draft, as prompt lookup's in the combination), steps
+without drafts, rows that leave."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 import torch
 
 from targetlm import functional
-from targetlm.inference import speculative
-from targetlm.inference.drafters import window_drafter
+from targetlm.modules import drafting
+from targetlm.modules.drafting import DraftStart, Verified
 from targetlm.modules.heads import ParallelTransformerHeads, SequentialMtpHeads
 
 D, V, N, WINDOW = 16, 40, 4, 8  # a window wider than the span MTP recomputes (6)
@@ -36,7 +37,7 @@ def recomputed(kind, heads, weight, bias, columns, words, first, drafted):
         if kind == "gloeckle":  # the layers over the last window columns
             last = cols[:, -WINDOW:]
             window_words = ids[:, ids.size(1) - (last.size(1) - 1) :]
-            draft = speculative.draft(
+            draft = drafting.draft(
                 heads, weight, bias, first[b : b + 1], last, LENGTH, window_words
             )
             rows.append(draft[0])
@@ -50,26 +51,24 @@ def recomputed(kind, heads, weight, bias, columns, words, first, drafted):
 
 
 @pytest.mark.parametrize("kind", ["gloeckle", "mtp"])
-@pytest.mark.parametrize(("batch", "start"), [(1, 2), (1, 40), (4, 3), (4, 30)])
-def test_incremental_drafts_equal_recomputed_ones(kind, batch, start):
+@pytest.mark.parametrize(
+    ("batch", "start", "wider"), [(1, 2, 0), (1, 40, 0), (4, 3, 0), (4, 30, 0), (4, 30, 5)]
+)
+def test_incremental_drafts_equal_recomputed_ones(kind, batch, start, wider):
     heads, weight, bias = heads_of(kind)
     generator = torch.Generator().manual_seed(batch * 100 + start)
     # each row's text: the main x̂ of its columns and the words read after them
     columns = [torch.randn(start, D, generator=generator) for _ in range(batch)]
     words = [torch.randint(V, (start - 1,), generator=generator).tolist() for _ in range(batch)]
     first = torch.randint(V, (batch,), generator=generator)
-    context = heads.context
+    # a wider verification (lookup's longer drafts) reaches further back: the whole text
+    context = start if wider else heads.context
     with torch.no_grad():
         history = torch.stack(columns)[:, -context:]
-        known = history.size(1) - 1
-        drafter = window_drafter(
-            heads,
-            weight,
-            bias,
-            history,
-            torch.tensor([w[len(w) - known :] for w in words]),
-            LENGTH,
-        )
+        width = LENGTH + 1 + wider
+        begin = DraftStart(weight, bias, words, history, LENGTH, width=width if wider else None)
+        drafter = heads.drafter(begin)
+        assert drafter.length == LENGTH
         alive = list(range(batch))
         for step in range(14):
             drafts = step % 5 != 3  # some steps verify d_0 alone (a full context)
@@ -86,18 +85,22 @@ def test_incremental_drafts_equal_recomputed_ones(kind, batch, start):
                     drafted,
                 )
                 assert torch.equal(drafted, expected), step
-                width = LENGTH + 1
+                # other rows' longer drafts widen the verification: tokens past the heads'
+                extra = torch.randint(V, (len(alive), wider), generator=generator)
+                drafted = torch.cat([drafted, extra], 1)
             else:
-                drafted, width = first[:, None], 1
-            keep = torch.randint(1, width + 1, (len(alive),), generator=generator)
-            verified = torch.randn(len(alive), width, D, generator=generator)
+                drafted = first[:, None]
+            columns_read = drafted.size(1)
+            keep = torch.randint(1, columns_read + 1, (len(alive),), generator=generator)
+            verified = torch.randn(len(alive), columns_read, D, generator=generator)
             kept = keep.tolist()
             for b, row in enumerate(alive):  # the row reads its kept tokens, d_0 first
                 columns[row] = torch.cat([columns[row], verified[b, : kept[b]]])
                 words[row] += drafted[b, : kept[b]].tolist()
             predicted = verified[torch.arange(len(alive)), keep - 1]
-            drafter.advance(verified, drafted, keep, kept, predicted)
             first = torch.randint(V, (len(alive),), generator=generator)
+            tokens = [drafted[b, :k].tolist() for b, k in enumerate(kept)]
+            drafter.accept(Verified(drafted, verified, keep, kept, tokens, predicted, first))
             if batch > 1 and step == 6:  # a row leaves
                 staying = [0, 2, 3]
                 drafter.select(torch.tensor(staying))

@@ -223,7 +223,7 @@ def test_a_stop_string_ends_a_row_and_is_cut_off():
         ({"top_k": -1}, "--top-k"),
         ({"temperature": -1.0}, "--temperature"),
         ({"prompts": [["w1"] * 30]}, "max_context"),
-        ({"speculative": True}, "N-gram heads"),
+        ({"speculative": "heads"}, "N-gram heads"),
     ],
 )
 def test_bad_options_are_one_clear_error(options, message):
@@ -235,7 +235,7 @@ def test_bad_options_are_one_clear_error(options, message):
 
 def test_speculative_sampling_is_refused():
     with pytest.raises(GenerationError, match="--temperature 0"):
-        generate_batch(lm("lstm", "wdr", 2), VOCAB, PROMPTS, temperature=1.0, speculative=True)
+        generate_batch(lm("lstm", "wdr", 2), VOCAB, PROMPTS, temperature=1.0, speculative="heads")
 
 
 # --- targetlm generate ----------------------------------------------------------------------

@@ -15,7 +15,7 @@ restricted to the ``top_k`` most likely tokens and then to the nucleus (Holtzman
 the fewest most likely tokens whose probability reaches ``top_p``). A row ends after
 ``max_tokens`` tokens or when its decoded continuation contains a stop string (cut off there).
 ``speculative`` (greedy only) drafts with the N-gram heads, prompt lookup or both
-(``inference/speculative.py``): the same output, fewer forwards.
+(``inference/speculative.py``, ``inference/drafters.py``): the same output, fewer forwards.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ import torch
 from targetlm import functional
 from targetlm.data.tokenizers import WhitespaceTokenizer
 from targetlm.data.vocab import Vocabulary
+from targetlm.inference.drafters import SPECULATIONS, Speculation, build_drafter
 from targetlm.inference.progress import progress_bar
-from targetlm.inference.speculative import DRAFTERS, speculative_decode
+from targetlm.inference.speculative import SpeculativeStats, speculative_decode
+from targetlm.modules.drafting import DraftStart
 from targetlm.modules.interfaces import RaggedEncoder
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import ConfigError
@@ -65,13 +67,14 @@ class Generations:
     reading the prompts included. acceptance: with ``speculative``, the mean number of drafted
     tokens a row accepted per verification step (0..k, averaged over the rows each step
     verified; None without speculation, or when no step drafted); verifications: how many
-    steps drafted.
+    steps drafted; stats: the speculative decoding's counts and timings (None without).
     """
 
     rows: list[Generation]
     seconds: float
     acceptance: float | None = None
     verifications: int = 0
+    stats: SpeculativeStats | None = None
 
 
 def restrict_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -179,9 +182,10 @@ def check_options(
     top_k: int,
     top_p: float,
     speculative: str | None,
+    draft_tokens: int | None = None,
 ) -> None:
     """Raise :class:`GenerationError` for options or prompts that cannot be generated from.
-    ``speculative``: None, or the drafter (``heads``, ``lookup``, ``both``)."""
+    ``speculative``: None, or what drafts (``heads``, ``lookup``, ``both``)."""
     if not prompts:
         raise GenerationError("no prompt to continue (give --prompt TEXT or --prompt-file FILE)")
     if max_tokens < 1:
@@ -192,10 +196,12 @@ def check_options(
         raise GenerationError(f"--top-k must be >= 0 (0: no limit), got {top_k}")
     if not 0 < top_p <= 1:
         raise GenerationError(f"--top-p must be in (0, 1], got {top_p}")
-    if speculative is not None and speculative not in DRAFTERS:
+    if speculative is not None and speculative not in SPECULATIONS:
         raise GenerationError(
-            f"--speculative must be one of {', '.join(DRAFTERS)}, got {speculative!r}"
+            f"--speculative must be one of {', '.join(SPECULATIONS)}, got {speculative!r}"
         )
+    if draft_tokens is not None and draft_tokens < 1:
+        raise GenerationError(f"--draft-tokens must be >= 1, got {draft_tokens}")
     if speculative in ("heads", "both") and model.num_heads < 1:
         raise GenerationError(
             f"--speculative {speculative} drafts with the N-gram heads, and this model has none "
@@ -230,7 +236,7 @@ def generate_batch(
     top_p: float = 1.0,
     seed: int | None = None,
     stop: Sequence[str] = (),
-    speculative: bool | str = False,
+    speculative: Speculation | None = None,
     device: str | torch.device = "cpu",
     draft_tokens: int | None = None,
 ) -> Generations:
@@ -239,17 +245,16 @@ def generate_batch(
     ``temperature`` 0 is greedy; else samples restricted by ``top_k`` (0: no limit) and
     ``top_p`` (1: no limit), from a generator seeded with ``seed`` (None: a random seed).
     ``stop``: strings that end a row. ``speculative``: greedy speculative decoding drafted by
-    ``"heads"`` (the N-gram heads; True means this), ``"lookup"`` (prompt lookup) or
-    ``"both"``, needing temperature 0; the output is greedy decoding's. It starts once every
+    ``"heads"`` (the model's heads), ``"lookup"`` (prompt lookup) or ``"both"`` (lookup where
+    it matches, the heads elsewhere), needing temperature 0; the output is greedy decoding's. It starts once every
     prompt is read, and speculates while the drafted tokens fit into the encoder's
     ``max_context`` with every row's stream read so far, where reading them at once gives
     each the context it gets token by token; past that (a sliding window) it takes plain
-    greedy steps. ``draft_tokens``: drafted tokens per step (default: N − 1, or 4 for lookup).
+    greedy steps. ``draft_tokens``: drafted tokens per step (default: each drafter's own, N − 1
+    for the heads, 10 for lookup; the heads draft at most N − 1).
     Raises :class:`GenerationError` for unusable options (see :func:`check_options`).
     """
-    name = "heads" if speculative is True else speculative or None
-    check_options(model, prompts, max_tokens, temperature, top_k, top_p, name)
-    drafter = next((d for d in DRAFTERS if d == name), None)  # the checked name, as a Drafter
+    check_options(model, prompts, max_tokens, temperature, top_k, top_p, speculative, draft_tokens)
     generator = torch.Generator(device="cpu")
     if seed is None:
         generator.seed()
@@ -264,7 +269,8 @@ def generate_batch(
     longest, common = max(len(i) for i in ids), min(len(i) for i in ids)
     padded = torch.tensor([i + [vocab.eos_id] * (longest - len(i)) for i in ids], device=device)
     # the last columns' main x̂, for heads that attend over a window of columns while drafting
-    window = model.heads.context if speculative and model.heads is not None else 1
+    heads_draft = speculative in ("heads", "both") and model.heads is not None
+    window = model.heads.context if heads_draft and model.heads is not None else 1
     ragged = _read_prompts(model, padded, lengths, window)
     if ragged is not None:  # every prompt read, each row at its own length
         (last, state, history), read = ragged, longest
@@ -280,22 +286,14 @@ def generate_batch(
     with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens
         while not rows.finished:
             bar.update(max(len(t) for t in rows.tokens) - bar.n)
-            if (
-                drafter is not None and read >= longest
-            ):  # every row is generating: each at its own pace
+            if speculative is not None and read >= longest:  # every row generating, each at
+                # its own pace
                 texts = [i + rows_ids for i, rows_ids in zip(ids, rows.ids)]
+                start = DraftStart(weight, bias, texts, history, draft_tokens, model)
+                drafter = build_drafter(speculative, start)
+                read_counts = [len(t) for t in texts]
                 stats = speculative_decode(
-                    model,
-                    weight,
-                    bias,
-                    last,
-                    state,
-                    [len(t) for t in texts],
-                    rows,
-                    texts,
-                    drafter,
-                    draft_tokens,
-                    history,
+                    model, weight, bias, last, state, read_counts, rows, drafter
                 )
                 break
             logits = functional.logits(last, weight, bias)  # (B, V)
@@ -318,6 +316,7 @@ def generate_batch(
         time.perf_counter() - started,
         None if stats is None else stats.acceptance,
         0 if stats is None else stats.steps,
+        stats,
     )
 
 
@@ -356,7 +355,7 @@ def generate(
     *,
     top_p: float = 1.0,
     stop: Sequence[str] = (),
-    speculative: bool | str = False,
+    speculative: Speculation | None = None,
 ) -> list[str]:
     """Continue one ``prompt`` (words; unknown ones become ``<unk>``): the generated tokens
     (:func:`generate_batch` with one prompt)."""
