@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from targetlm.config import Config, DataConfig
-from targetlm.data.datasets import read_split
+from targetlm.data.readers import read_split
 from targetlm.data.vocab import Vocabulary
 from targetlm.inference.scoring import Combiners, score_text
 from targetlm.modules.model import LanguageModel

@@ -235,7 +235,7 @@ def test_subspace_analysis_end_to_end(tmp_path, capsys):
 def test_word_probs_equal_a_direct_computation(tmp_path, capsys):
     from targetlm.cli import main
     from targetlm.data import with_context_token
-    from targetlm.data.datasets import read_split
+    from targetlm.data.readers import read_split
     from targetlm.runs import load_run
 
     Trainer(tiny_config(**{"train.epochs": 1}), tmp_path / "run", log=lambda m: None).train()

@@ -23,12 +23,13 @@ from targetlm.data import (
     DataError,
     StreamBatches,
     Vocabulary,
-    datasets,
+    catalogue,
     read_tokens,
     tokens_from_text,
     with_context_token,
 )
-from targetlm.data.datasets import DatasetSpec, Remote, download, load_corpus, read_split
+from targetlm.data.catalogue import DatasetSpec, Remote, download
+from targetlm.data.readers import load_corpus, read_split
 from targetlm.data.synthetic import (
     PLURAL_DETS,
     PREPOSITIONS,
@@ -448,7 +449,7 @@ def _spec(remote: Path, contents: dict[str, bytes], wrong: str | None = None) ->
 
 def test_download_fetches_and_verifies(monkeypatch, remote_files, tmp_path):
     remote, contents = remote_files
-    monkeypatch.setitem(datasets.DATASETS, "tiny", _spec(remote, contents))
+    monkeypatch.setitem(catalogue.DATASETS, "tiny", _spec(remote, contents))
     target = tmp_path / "data" / "tiny"
     assert download("tiny", target) == target
     assert {p.name: p.read_bytes() for p in target.iterdir()} == contents
@@ -463,7 +464,7 @@ def test_download_fetches_and_verifies(monkeypatch, remote_files, tmp_path):
 
 def test_download_defaults_to_the_user_cache(monkeypatch, remote_files, tmp_path):
     remote, contents = remote_files
-    monkeypatch.setitem(datasets.DATASETS, "tiny", _spec(remote, contents))
+    monkeypatch.setitem(catalogue.DATASETS, "tiny", _spec(remote, contents))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("TARGETLM_DATA", raising=False)
     path = download("tiny")
@@ -474,7 +475,7 @@ def test_download_defaults_to_the_user_cache(monkeypatch, remote_files, tmp_path
 def test_download_with_a_wrong_checksum_saves_nothing(monkeypatch, remote_files, tmp_path):
     remote, contents = remote_files
     # train and valid are fine, test is not: not even the good files may appear
-    monkeypatch.setitem(datasets.DATASETS, "tiny", _spec(remote, contents, wrong="test.txt"))
+    monkeypatch.setitem(catalogue.DATASETS, "tiny", _spec(remote, contents, wrong="test.txt"))
     target = tmp_path / "data" / "tiny"
     with pytest.raises(DataError, match="sha256 mismatch"):
         download("tiny", target)
@@ -487,7 +488,7 @@ def test_download_with_a_wrong_checksum_keeps_existing_files(monkeypatch, remote
     target = tmp_path / "data" / "tiny"
     target.mkdir(parents=True)
     (target / "train.txt").write_bytes(b"old\n")
-    monkeypatch.setitem(datasets.DATASETS, "tiny", _spec(remote, contents, wrong="valid.txt"))
+    monkeypatch.setitem(catalogue.DATASETS, "tiny", _spec(remote, contents, wrong="valid.txt"))
     with pytest.raises(DataError):
         download("tiny", target)
     assert [p.name for p in target.iterdir()] == ["train.txt"]
@@ -503,8 +504,8 @@ def test_download_md5_checked_archive(monkeypatch, tmp_path):
     blob = buffer.getvalue()
     (tmp_path / "wt.zip").write_bytes(blob)
     good = Remote((tmp_path / "wt.zip").as_uri(), md5=hashlib.md5(blob).hexdigest())
-    spec = datasets.DATASETS["wikitext-103"]
-    monkeypatch.setitem(datasets.DATASETS, "wikitext-103", dataclasses.replace(spec, archive=good))
+    spec = catalogue.DATASETS["wikitext-103"]
+    monkeypatch.setitem(catalogue.DATASETS, "wikitext-103", dataclasses.replace(spec, archive=good))
     target = download("wikitext-103", tmp_path / "wt103")
     assert read_split(DataConfig(name="wikitext-103", dir=str(target)), "test") == [
         "=",
@@ -514,7 +515,7 @@ def test_download_md5_checked_archive(monkeypatch, tmp_path):
     ]
 
     bad = Remote(good.url, md5="0" * 32)
-    monkeypatch.setitem(datasets.DATASETS, "wikitext-103", dataclasses.replace(spec, archive=bad))
+    monkeypatch.setitem(catalogue.DATASETS, "wikitext-103", dataclasses.replace(spec, archive=bad))
     with pytest.raises(DataError, match="md5 mismatch"):
         download("wikitext-103", tmp_path / "other")
     assert not (tmp_path / "other").exists()
@@ -534,11 +535,13 @@ def test_text8_is_downloaded_checked_and_cut_between_words(monkeypatch, tmp_path
     (moved to the next space: no word is split)."""
     text = b" anarchism originated as a term of abuse first used"
     blob = _text8_archive(tmp_path, text)
-    unpack = datasets.text8_unpacker((10, 20), hashlib.md5(text).hexdigest(), len(blob))
+    unpack = catalogue.text8_unpacker((10, 20), hashlib.md5(text).hexdigest(), len(blob))
     spec = dataclasses.replace(
-        datasets.DATASETS["text8"], archive=Remote((tmp_path / "text8.zip").as_uri()), unpack=unpack
+        catalogue.DATASETS["text8"],
+        archive=Remote((tmp_path / "text8.zip").as_uri()),
+        unpack=unpack,
     )
-    monkeypatch.setitem(datasets.DATASETS, "text8", spec)
+    monkeypatch.setitem(catalogue.DATASETS, "text8", spec)
     target = download("text8", tmp_path / "t8")
     config = DataConfig(name="text8", dir=str(target))
     splits = [read_split(config, split) for split in ("train", "valid", "test")]
@@ -548,10 +551,10 @@ def test_text8_is_downloaded_checked_and_cut_between_words(monkeypatch, tmp_path
         ["as", "a", "term", "of", "abuse", "first", "used", EOS],
     ]
     for wrong in (
-        datasets.text8_unpacker((10, 20), "0" * 32, len(blob)),
-        datasets.text8_unpacker((10, 20), None, len(blob) + 1),
+        catalogue.text8_unpacker((10, 20), "0" * 32, len(blob)),
+        catalogue.text8_unpacker((10, 20), None, len(blob) + 1),
     ):
-        monkeypatch.setitem(datasets.DATASETS, "text8", dataclasses.replace(spec, unpack=wrong))
+        monkeypatch.setitem(catalogue.DATASETS, "text8", dataclasses.replace(spec, unpack=wrong))
         with pytest.raises(DataError, match="md5 mismatch|bytes, expected"):
             download("text8", tmp_path / "other")
         assert not (tmp_path / "other").exists()
@@ -562,10 +565,10 @@ def test_text8_and_wikitext103_have_canonical_sources_and_say_they_are_not_obtai
 ):
     from targetlm.cli import main
 
-    text8 = datasets.DATASETS["text8"]
+    text8 = catalogue.DATASETS["text8"]
     assert text8.archive.url == "http://mattmahoney.net/dc/text8.zip"
-    assert datasets.TEXT8_MD5 == "3bea1919949baf155f99411df5fada7e"
-    assert datasets.DATASETS["wikitext-103"].archive.md5 == "9ddaacaf6af0710eda8c456decff7832"
+    assert catalogue.TEXT8_MD5 == "3bea1919949baf155f99411df5fada7e"
+    assert catalogue.DATASETS["wikitext-103"].archive.md5 == "9ddaacaf6af0710eda8c456decff7832"
     for name in ("text8", "wikitext-103"):
         assert main(["data", "info", name, "--dir", str(tmp_path / "absent")]) != 0
         out = capsys.readouterr()
@@ -581,10 +584,10 @@ def test_brown_unpacking_drops_tags(tmp_path):
             "brown/ca01", "\n\n\tThe/at Fulton/np-tl said/vbd ./.\n\n\tIt/pps was/bedz ./.\n"
         )
         archive.writestr("brown/cf01", "\n\tA/at 1/2/cd inch/nn\n")
-    datasets._unpack_brown(buffer.getvalue(), tmp_path)
+    catalogue._unpack_brown(buffer.getvalue(), tmp_path)
     assert (tmp_path / "news.txt").read_text() == "The Fulton said .\nIt was .\n"
     assert (tmp_path / "lore.txt").read_text() == "A 1/2 inch\n"
-    assert {p.stem for p in tmp_path.iterdir()} == set(datasets.BROWN_GENRES)
+    assert {p.stem for p in tmp_path.iterdir()} == set(catalogue.BROWN_GENRES)
 
 
 def test_generated_dataset_cannot_be_downloaded(tmp_path):

@@ -19,7 +19,7 @@ import torch
 from targetlm.cli import main
 from targetlm.config import DataConfig
 from targetlm.data import DataError, load_corpus, read_file, read_lines
-from targetlm.data.datasets import BROWN_GENRES
+from targetlm.data.catalogue import BROWN_GENRES
 from targetlm.data.parallel import read_parallel
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from targetlm import config as config_lib
 from targetlm.cli import main
 from targetlm.config import ComponentConfig, ModelConfig
 from targetlm.data.batching import IGNORE
-from targetlm.data.datasets import DATASETS
+from targetlm.data.catalogue import DATASETS
 from targetlm.data.glue import GLUE_TASKS, read_glue_split
 from targetlm.data.vocab import DataError, Vocabulary
 from targetlm.modules import build_model

@@ -335,7 +335,7 @@ def test_a_high_oov_rate_is_said_in_the_printed_line(run, tmp_path, capsys):
 
 
 def test_an_offline_download_names_the_url_it_tried(tmp_path, capsys, monkeypatch):
-    from targetlm.data.datasets import DATASETS
+    from targetlm.data.catalogue import DATASETS
 
     def offline(url, timeout):
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")

@@ -20,8 +20,8 @@ from conftest import CONDITIONAL_ENCODER_OPTIONS, OUTPUT_OPTIONS
 from targetlm import functional
 from targetlm.cli import main
 from targetlm.config import ComponentConfig, ModelConfig
-from targetlm.data import datasets
-from targetlm.data.datasets import DatasetSpec, Remote, download
+from targetlm.data import catalogue
+from targetlm.data.catalogue import DatasetSpec, Remote, download
 from targetlm.inference.combiners import HeadEstimates
 from targetlm.inference.translate import (
     DecodeOptions,
@@ -453,7 +453,7 @@ def test_translation_resumes_exactly(tmp_path):
 
 
 def test_multi30k_is_registered_with_pinned_gzip_files_and_downloads_them(monkeypatch, tmp_path):
-    spec = datasets.get_spec("multi30k")
+    spec = catalogue.get_spec("multi30k")
     assert set(spec.files) == {f"{s}.{lang}" for s in spec.splits for lang in ("en", "de")}
     for remote in spec.files.values():
         assert remote.gzip and len(remote.sha256) == 64
@@ -469,7 +469,7 @@ def test_multi30k_is_registered_with_pinned_gzip_files_and_downloads_them(monkey
             (remote_dir / f"{name}.gz").as_uri(), sha256=hashlib.sha256(blob).hexdigest(), gzip=True
         )
     monkeypatch.setitem(
-        datasets.DATASETS, "tiny30k", DatasetSpec("tiny30k", "t", ("train",), files=files)
+        catalogue.DATASETS, "tiny30k", DatasetSpec("tiny30k", "t", ("train",), files=files)
     )
     target = download("tiny30k", tmp_path / "data" / "tiny30k")
     assert (target / "train.de").read_text() == "Ein Hund.\n"

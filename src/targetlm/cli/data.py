@@ -12,7 +12,7 @@ from targetlm.data import (
     Vocabulary,
     read_split,
 )
-from targetlm.data.datasets import get_spec
+from targetlm.data.catalogue import get_spec
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,17 +1,9 @@
-"""Corpora, tokenizers, vocabulary, batching and the dataset registry."""
+"""Corpora, tokenizers, vocabulary, batching and the dataset catalogue."""
 
 from targetlm.data.batching import IGNORE, StreamBatches, with_context_token
-from targetlm.data.datasets import (
-    DATASETS,
-    Corpus,
-    download,
-    load_corpus,
-    read_file,
-    read_lines,
-    read_split,
-    resolve_dir,
-)
+from targetlm.data.catalogue import DATASETS, download, resolve_dir
 from targetlm.data.glue import GLUE_TASKS, GlueTask, read_glue_split
+from targetlm.data.readers import Corpus, load_corpus, read_file, read_lines, read_split
 from targetlm.data.tokenizers import TOKENIZERS, build_tokenizer, load_tokenizer
 from targetlm.data.vocab import (
     EOS,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from targetlm.data.datasets import Remote
+from targetlm.data.catalogue import Remote
 from targetlm.data.vocab import DataError
 
 GLUE_ROOT = "https://dl.fbaipublicfiles.com/glue/data"
@@ -193,7 +193,7 @@ def read_glue_split(task: GlueTask, path: str | Path) -> tuple[list[tuple[str, .
 def _register() -> None:
     """The ``glue`` entry of the dataset registry (``targetlm data download glue``): every
     file with a recorded checksum (QQP-clean.zip has none and is left to the user)."""
-    from targetlm.data.datasets import DATASETS, DatasetSpec
+    from targetlm.data.catalogue import DATASETS, DatasetSpec
 
     files = {
         Path(remote.url).name: remote
@@ -215,7 +215,7 @@ def _register() -> None:
 def describe(data_dir: str | None) -> list[str]:
     """``targetlm data info glue``: per task, its metrics, where it comes from and how many
     examples its local train / dev files hold (``data_dir``/<task>, else the glue directory)."""
-    from targetlm.data.datasets import candidate_dirs
+    from targetlm.data.catalogue import candidate_dirs
 
     root = Path(data_dir) if data_dir else candidate_dirs("glue", None)[0]
     lines = [f"{'task':<7}{'metrics':<19}{'train':>9}{'dev':>8}  source"]

@@ -21,15 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from targetlm.data.datasets import (
-    TEXT,
-    _slice_lines,
-    candidate_dirs,
-    check_declared_split,
-    check_text_name,
-    get_spec,
-    parse_split,
-)
+from targetlm.data.catalogue import TEXT, candidate_dirs, get_spec
+from targetlm.data.readers import check_declared_split, check_text_name, parse_split, slice_lines
 from targetlm.data.tokenizers import build_tokenizer
 from targetlm.data.vocab import (
     EOS,
@@ -75,7 +68,7 @@ def languages(config: DataConfig) -> tuple[str, str]:
 def split_file(config: DataConfig, stem: str, lang: str) -> Path:
     """``<dir>/<stem>.<lang>``: data.dir, $TARGETLM_DATA/<name>, then the user cache. A
     registered corpus's ``stem`` is one of its declared splits; a ``text`` one stays inside
-    its directory or is an absolute path (:func:`~targetlm.data.datasets.check_text_name`)."""
+    its directory or is an absolute path (:func:`~targetlm.data.readers.check_text_name`)."""
     name = f"{stem}.{lang}"
     if config.name != TEXT:
         check_declared_split(get_spec(config.name), config, stem)
@@ -128,7 +121,7 @@ def read_parallel(config: DataConfig, split: str, *, train: bool) -> ParallelSpl
     source = read_file_lines(source_path, config.lowercase, separators=not as_published)
     target = read_file_lines(target_path, config.lowercase, separators=not as_published)
     check_aligned(source_path, source, target_path, target)
-    source, target = _slice_lines(source, window), _slice_lines(target, window)
+    source, target = slice_lines(source, window), slice_lines(target, window)
     skipped = 0
     if train:
         kept = [(s, t) for s, t in zip(source, target) if s.strip() and t.strip()]
