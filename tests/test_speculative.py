@@ -503,6 +503,95 @@ def test_prompt_lookup_drafts_from_two_repeated_tokens_by_default():
     assert drafters.PromptLookup([text]).propose(0, 2, 3) == [3, 9, 1]
 
 
+# --- lookup and heads combined ---------------------------------------------------------------
+
+
+class StubHeads:
+    """A heads drafter that drafts ``tokens`` after every d_0 and records what it is told."""
+
+    def __init__(self, tokens) -> None:
+        self.tokens, self.length = list(tokens), len(tokens)
+        self.proposed = self.accepted = 0
+        self.selected: list[list[int]] = []
+
+    def propose(self, first):
+        self.proposed += 1
+        return torch.tensor([[t, *self.tokens] for t in first.tolist()])
+
+    def accept(self, verified):
+        self.accepted += 1
+
+    def select(self, rows):
+        self.selected.append(rows.tolist())
+
+
+def verified_step(drafted, kept):
+    """A :class:`~targetlm.modules.drafting.Verified` in which row b kept ``kept[b]`` tokens."""
+    keep = torch.tensor(kept)
+    tokens = [drafted[b, :k].tolist() for b, k in enumerate(kept)]
+    main = torch.zeros(*drafted.shape, 2)
+    return drafting.Verified(drafted, main, keep, kept, tokens, main[:, 0], drafted[:, 0])
+
+
+def test_the_combination_drafts_by_lookup_where_it_matches_and_by_the_heads_elsewhere():
+    """Row 0's text has a match (lookup's 4 copied tokens, the heads not asked for it), row 1
+    none (the heads' 2); rows padded with their own last token; every step reaches both."""
+    heads = StubHeads([7, 8])
+    lookup = drafters.LookupDrafter([[1, 2, 3, 4, 5, 1, 2], [9, 10, 11]], length=4)
+    combined = drafters.CombinedDrafter(lookup, heads)
+    assert combined.length == 4
+    drafted = combined.propose(torch.tensor([3, 12]))
+    assert drafted.tolist() == [[3, 4, 5, 1, 2], [12, 7, 8, 8, 8]]
+    combined.accept(verified_step(drafted, [5, 1]))
+    assert heads.proposed == heads.accepted == 1
+    assert lookup.lookup.texts == [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], [9, 10, 11, 12]]
+    drafted = combined.propose(torch.tensor([3, 9]))  # row 1 ends "12 9": no match yet
+    assert heads.proposed == 2
+    combined.accept(verified_step(drafted, [1, 1]))
+    # every row matching (row 1 ends "9 10" now): the heads draft nothing, but follow the rows
+    drafted = combined.propose(torch.tensor([4, 10]))
+    assert heads.proposed == 2 and drafted[1, 1:].tolist() == [11, 12, 9, 10]
+    combined.accept(verified_step(drafted, [1, 1]))
+    combined.select(torch.tensor([1]))
+    assert heads.accepted == 3 and heads.selected == [[1]]
+
+
+@pytest.mark.parametrize(("accepted", "drops"), [(0, True), (1, False)])
+def test_the_heads_draft_on_only_while_their_acceptance_pays(accepted, drops):
+    """Heads whose drafts keep fewer than HEADS_BREAK_EVEN tokens a step, judged after their
+    trial, are dropped (lookup alone from then on: they draft, follow and select no more)."""
+    heads = StubHeads([7, 8])
+    lookup = drafters.LookupDrafter([[1], [2]], length=3)  # no match ever: the heads draft
+    combined = drafters.CombinedDrafter(lookup, heads, trial=6)
+    for step in range(3):  # 3 steps of 2 rows: the trial
+        drafted = combined.propose(torch.tensor([20 + step, 30 + step]))
+        assert drafted.size(1) == 3
+        combined.accept(verified_step(drafted, [1 + accepted, 1 + accepted]))
+    assert heads.accepted == (2 if drops else 3)  # dropped before the third step's accept
+    drafted = combined.propose(torch.tensor([40, 50]))
+    if drops:
+        assert drafted.size(1) == 1 and heads.proposed == 3  # a plain greedy step
+        combined.accept(verified_step(drafted, [1, 1]))
+        combined.select(torch.tensor([0]))
+        assert heads.selected == []
+    else:
+        assert drafted.size(1) == 3 and heads.proposed == 4
+
+
+def test_the_combination_is_no_slower_than_the_better_drafter_in_forwards():
+    """Identity heads on a model that repeats itself (the heads' drafts hold) and lookup on
+    the same prompts: the combination takes no more body forwards than either alone."""
+    model = lm("transformer", "medusa", 4, seed=3, context=256)
+    for parameter in model.heads.parameters():  # identity heads again
+        torch.nn.init.zeros_(parameter)
+    forwards = {}
+    for speculation in ("heads", "lookup", "both"):
+        out = generate_batch(model, VOCAB, PROMPTS[:1], 60, temperature=0, speculative=speculation)
+        forwards[speculation] = out.stats.forwards
+    assert forwards["both"] <= min(forwards["heads"], forwards["lookup"])
+    assert forwards["both"] < max(forwards["heads"], forwards["lookup"])
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 
@@ -552,5 +641,9 @@ def test_cli_speculative_lookup_prints_the_greedy_text(tmp_path, capsys):
     assert main([*args, "--speculative", "lookup"]) == 0
     out, err = capsys.readouterr()
     assert out == greedy and "accepted per verification step" in err
+    assert main([*args, "--speculative", "lookup", "--draft-tokens", "3"]) == 0
+    assert capsys.readouterr().out == greedy
+    rc = main([*args, "--speculative", "lookup", "--draft-tokens", "0"])
+    assert rc == 2 and "--draft-tokens" in assert_one_error(capsys, rc)
     rc = main([*args, "--speculative", "tree"])
     assert rc == 2 and "one of heads, lookup, both" in assert_one_error(capsys, rc)

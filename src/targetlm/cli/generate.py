@@ -3,8 +3,8 @@
 Several ``--prompt`` (or ``--prompt-file``, one prompt a line) are continued in one batch;
 greedy (``--temperature 0``) or sampled (``--top-k``, ``--top-p``, ``--seed``), each row ending
 at ``--max-tokens`` or a ``--stop`` string; ``--speculative [heads|lookup|both]`` is greedy
-decoding drafted by the run's N-gram heads, prompt lookup or both (the same text, fewer
-forwards). Prints each prompt with its continuation,
+decoding drafted by the run's heads, prompt lookup or both (the same text, fewer forwards),
+``--draft-tokens`` tokens a step. Prints each prompt with its continuation,
 or with ``--json`` one list of ``{prompt, text, tokens, tokens_per_s, stopped}`` objects (the
 continuation only in ``text``; ``tokens`` generated, over the batch's wall time in
 ``tokens_per_s``; with ``--speculative`` also ``acceptance``, the batch's mean number of
@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         stop=args.stop,
         speculative=args.speculative,
         device=config.train.device,
+        draft_tokens=args.draft_tokens,
     )
     if args.json:
         records = [
@@ -127,9 +128,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         const="heads",
         metavar="{heads,lookup,both}",
-        help="greedy speculative decoding (--temperature 0), drafted by the run's N-gram heads "
+        help="greedy speculative decoding (--temperature 0), drafted by the run's heads "
         "(heads, the default), prompt lookup (lookup: the tokens that followed the last "
-        "n-gram's latest earlier occurrence) or both (lookup where it matches, else the heads)",
+        "n-gram's latest earlier occurrence) or both (lookup where it matches, else the heads "
+        "while they pay)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=SIZE,
+        help="tokens drafted per step with --speculative (default: the heads' N - 1, 10 for "
+        "lookup; the heads draft at most N - 1)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON list, one object a prompt")
     add_quiet_option(p)

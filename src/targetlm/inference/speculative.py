@@ -71,14 +71,15 @@ class Rows(Protocol):
 
 
 class SpeculativeStats:
-    """Counts of a decoding: ``steps`` verifications that checked drafts, ``row_steps`` the
+    """Counts of a decoding: ``forwards`` the body's forwards (verifications, with or without
+    a draft), ``steps`` the verifications that checked drafts, ``row_steps`` the
     rows they covered, ``accepted`` the drafted tokens those rows kept, ``accepted_at[i]`` the
     row-steps that kept draft i + 1 (and every one before it); ``draft_seconds`` and
     ``verify_seconds`` the wall time of the drafter's proposals and of the verifications
     (the forward, its argmaxes and the read-back of what each row kept)."""
 
     def __init__(self) -> None:
-        self.steps = self.row_steps = self.accepted = 0
+        self.forwards = self.steps = self.row_steps = self.accepted = 0
         self.accepted_at: list[int] = []
         self.draft_seconds = self.verify_seconds = 0.0
 
@@ -88,7 +89,8 @@ class SpeculativeStats:
         return self.accepted / self.row_steps if self.row_steps else None
 
     def record(self, verified: Verified) -> None:
-        """Count one verification (nothing when it checked no draft)."""
+        """Count one verification."""
+        self.forwards += 1
         if verified.drafted.size(1) == 1:
             return
         self.steps += 1
