@@ -137,29 +137,30 @@ def wraps_model(run_dir: str | Path) -> bool:
 
 def load_wrapped_run(
     run_dir: str | Path, overrides: Sequence[str] = ()
-) -> tuple[Config, Any, Any, nn.Module]:
+) -> tuple[Config, Any, nn.Module]:
     """A run whose task wraps the language model (a classifier), from its best checkpoint: its
-    config, task, the task's data read with the run's vocabulary, and the wrapped model (eval
-    mode, on ``train.device`` or the CPU where that is missing)."""
+    config, its task bound to its data (:meth:`~targetlm.tasks.Task.run_data`: read with the
+    run's vocabulary) and device, and the wrapped model (eval mode, on ``train.device`` or the
+    CPU where that is missing)."""
     from targetlm.tasks import build_task
 
     checkpoint, vocab, path = read_best(run_dir)
     config = _run_config(checkpoint, overrides)
     task = build_task(config)
     device = torch.device(config.train.device)
-    data = task.load_data(config, vocab, lambda message: None)
-    model = task.model_to_train(build_model(config.model, vocab.itos), data, config)
+    task.setup(config, task.run_data(config, vocab, ("valid", "test")), device)
+    model = task.model_to_train(build_model(config.model, vocab.itos))
     load_state_into(model, checkpoint["model"], vocab, str(path))
     model.eval()
-    return config, task, data, model.to(device)
+    return config, task, model.to(device)
 
 
 def check_task(config: Config, streams: bool | None, where: str, what: str) -> None:
     """Refuse a run (or config) whose task the command cannot read: ``streams`` True: a
-    language-model command (its task is a :class:`~targetlm.tasks.StreamTask`), False: a
+    language-model command (a task that reads a token stream, ``Task.reads``), False: a
     sentence-pair one (``translate``), None: any; never a task whose model wraps the language
     model (``Task.wraps_model``: a classifier)."""
-    from targetlm.tasks import SentencePairTask, StreamTask, build_task
+    from targetlm.tasks import build_task
 
     task = build_task(config)
     if task.wraps_model:
@@ -169,12 +170,12 @@ def check_task(config: Config, streams: bool | None, where: str, what: str) -> N
         )
     if streams is None:
         return
-    if not isinstance(task, StreamTask if streams else SentencePairTask):
+    if task.reads != ("stream" if streams else "pairs"):
         reads = "language-model (stream)" if streams else "sentence-pair"
-        if isinstance(task, SentencePairTask):
-            hint = " (use `targetlm translate` or `eval`)"
-        else:  # a stream run given to translate: no hint; a masked LM's: eval reads it
-            hint = "" if isinstance(task, StreamTask) else " (use `targetlm eval`)"
+        # a stream run given to translate: no hint; a masked LM's: eval reads it
+        hint = {"pairs": " (use `targetlm translate` or `eval`)", "stream": ""}.get(
+            task.reads, " (use `targetlm eval`)"
+        )
         raise ConfigError(
             f"{where} is a {config.task.kind!r} {what}; this command reads {reads} runs{hint}"
         )
@@ -185,18 +186,13 @@ def configured_model(
 ) -> tuple[Config, Vocabulary, LanguageModel, dict]:
     """The model of a config file as built, before any training (a pretrained backbone as it
     was published; other models randomly initialised with ``train.seed``), with the
-    vocabulary its task builds (a stream task: its training split's): what ``targetlm eval
-    CONFIG.toml`` scores."""
-    from targetlm.data.datasets import load_corpus
-    from targetlm.tasks import StreamTask, build_task
+    vocabulary its task builds (``Task.vocabulary``; a stream task: its training split's):
+    what ``targetlm eval CONFIG.toml`` scores."""
+    from targetlm.tasks import build_task
 
     config = builders.load_config(path, list(overrides))
     check_task(config, streams, str(path), "config")
-    task = build_task(config)
-    if isinstance(task, StreamTask):  # its training split's words: no batches needed
-        vocab = load_corpus(config.data, (config.data.train,)).vocab
-    else:  # sentence pairs (a joint subword vocabulary), masked-LM rows: the task's own
-        vocab = task.vocabulary(config)
+    vocab = build_task(config).vocabulary(config)
     device = available_device(config.train.device)
     torch.manual_seed(config.train.seed)
     model = build_model(config.model, vocab.itos).eval()

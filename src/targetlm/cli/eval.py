@@ -9,8 +9,6 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from targetlm.cli.common import (
     ENSEMBLE_LAMBDAS,
     add_scoring_options,
@@ -29,9 +27,8 @@ from targetlm.data import (
     with_context_token,
 )
 from targetlm.inference.scoring import Combiners
-from targetlm.modules.encoders import Encoder
 from targetlm.registry import ConfigError
-from targetlm.tasks import StreamTask, Task, build_task
+from targetlm.tasks import Task, build_task
 
 # an evaluation with more out-of-vocabulary tokens than this says so in its printed line, with
 # the perplexity over the known words beside the one over all tokens
@@ -87,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return _eval_wrapped(args)
     config, vocab, model, _ = load_run(args.run_dir, eval_overrides(args), streams=None)
     task = build_task(config)
-    if not isinstance(task, StreamTask):  # its splits, with the task's figures
+    if task.reads != "stream":  # its splits, with the task's figures
         return _eval_task_splits(args, task, config, vocab, model)
     check_combiners(args, config, model)
     if args.head_top1 and model.heads is None:
@@ -148,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if result["oov_rate"] > HIGH_OOV_RATE:  # the perplexity then mixes in many <unk>
         result["ppl_known"] = known_word_perplexity(model, vocab, config, tokens)
-    context = model.encoder.max_context if isinstance(model.encoder, Encoder) else None
+    context = model.encoder.max_context
     if context is not None:
         result["context"] = context
         result["min_context"] = context - segment + 1
@@ -195,16 +192,9 @@ def _eval_task_splits(args: argparse.Namespace, task: Task, config, vocab, model
     if args.head_top1:
         raise ConfigError(f"--head-top1 reads a causal language model's heads, not a {kind!r} run")
     lam = args.ensemble_lambda[0] if args.ensemble_lambda else 0.0
-    results = {
-        split: task.evaluate_run(model, vocab, config, split, lam)
-        for split in ([args.split] if args.split else ["valid", "test"])
-    }
-    if args.json:
-        print(json.dumps(results))
-        return 0
-    for split, result in results.items():
-        print(task.describe(split, result))
-    return 0
+    splits = [args.split] if args.split else ["valid", "test"]
+    task.setup(config, task.run_data(config, vocab, splits), config.train.device)
+    return _print_splits(args, task, {s: task.evaluate_run(model, s, lam) for s in splits})
 
 
 def _eval_wrapped(args: argparse.Namespace) -> int:
@@ -222,12 +212,13 @@ def _eval_wrapped(args: argparse.Namespace) -> int:
             f"{args.run_dir} is a classifier run: "
             + ("--head-top1 reads N-gram heads" if args.head_top1 else "--split is valid or test")
         )
-    config, task, data, model = load_wrapped_run(args.run_dir, eval_overrides(args))
-    device = torch.device(config.train.device)
-    results = {
-        split: task.evaluate(model, data, split, None, config, device)
-        for split in ([args.split] if args.split else ["valid", "test"])
-    }
+    _, task, model = load_wrapped_run(args.run_dir, eval_overrides(args))
+    splits = [args.split] if args.split else ["valid", "test"]
+    return _print_splits(args, task, {split: task.evaluate(model, split) for split in splits})
+
+
+def _print_splits(args: argparse.Namespace, task: Task, results: dict) -> int:
+    """Print the task's figures of each split (one JSON object with ``--json``)."""
     if args.json:
         print(json.dumps(results))
         return 0

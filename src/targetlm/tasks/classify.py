@@ -40,8 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm.data.datasets import BROWN_GENRES, candidate_dirs, read_lines
+from targetlm.data.catalogue import BROWN_GENRES, candidate_dirs
 from targetlm.data.glue import glue_task, read_glue_split
+from targetlm.data.readers import read_lines
 from targetlm.data.vocab import EOS, DataError, Vocabulary
 from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.registry import ConfigError, Fraction, Size
@@ -289,20 +290,17 @@ class SequenceClassificationTask(Task[SequenceClassifier]):
         }
         return TaskData(vocab, label_names, splits, batches)
 
-    def model_to_train(
-        self, model: LanguageModel, data: TaskData, config: Config
-    ) -> SequenceClassifier:
+    def model_to_train(self, model: LanguageModel) -> SequenceClassifier:
         """The classifier around the (pretrained) language model: ``len(data.corpus)``
         classes."""
-        return SequenceClassifier(model, len(data.corpus), self.pooler, self.head_dropout)
+        return SequenceClassifier(model, len(self.data.corpus), self.pooler, self.head_dropout)
 
-    def training_batches(
-        self, data: TaskData, config: Config, lookahead: int
-    ) -> Sequence[PaddedBatch]:
+    def training_batches(self, lookahead: int) -> Sequence[PaddedBatch]:
         """``data.batch_size`` examples a batch, in one order drawn with ``train.seed``."""
+        c = self.config
         return self.batches(
-            data.splits["train"], data.vocab, config.data.batch_size, train=True,
-            seed=config.train.seed,
+            self.data.splits["train"], self.data.vocab, c.data.batch_size, train=True,
+            seed=c.train.seed,
         )  # fmt: skip
 
     def batches(
@@ -325,32 +323,15 @@ class SequenceClassificationTask(Task[SequenceClassifier]):
         return model(batch.inputs, batch.mask)
 
     # --- evaluation ----------------------------------------------------------------------------
-    def evaluate(
-        self,
-        model: SequenceClassifier,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-    ) -> dict[str, Any]:
+    def evaluate(self, model: SequenceClassifier, split: str) -> dict[str, Any]:
         """The figures of :meth:`score` on ``split``."""
-        return self.score(model, data.batches[split], len(data.corpus), device)
+        return self.score(model, self.data.batches[split], len(self.data.corpus), self.device)
 
-    def final_results(
-        self,
-        model: SequenceClassifier,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
+    def split_results(self, model: SequenceClassifier, split: str) -> dict[str, Any]:
         """:meth:`score`'s figures and the label names (logged: the metrics)."""
-        result = self.evaluate(model, data, split, objective, config, device)
-        log(self.describe(split, result))
-        return {**result, "labels": list(data.corpus)}
+        result = self.evaluate(model, split)
+        self.log(self.describe(split, result))
+        return {**result, "labels": list(self.data.corpus)}
 
     def describe(self, split: str, result: dict[str, Any]) -> str:
         """One line of ``split``'s figures (:meth:`score`'s)."""

@@ -18,24 +18,22 @@ are ½·L₀ + α/(2N−2)·Σ L_n, Heo et al. 2025 eqs. 11–12, head n's x̂�
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from targetlm.data.batching import IGNORE
 from targetlm.modules.diffusion import SAMPLERS, build_schedule, clip_noise_scale, denoiser_of
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.objectives.diffusion import DiffusionInputs, DiffusionLoss, diffusion_loss
 from targetlm.registry import ConfigError, Count, NonNegative, Positive, Probability, Seed, Size
-from targetlm.tasks.base import TASKS, Batch, TaskData
+from targetlm.tasks.base import TASKS, Batch
 from targetlm.tasks.translation import SentencePairTask
 
 if TYPE_CHECKING:
-    from targetlm.config import Config
-    from targetlm.data.vocab import Vocabulary
     from targetlm.objectives.ngram import NgramLoss
 
 
@@ -70,6 +68,7 @@ class DiffusionTask(SentencePairTask):
     conditional = True
     denoising = True
     causal = False
+    decodes_at_lengths = True
 
     def __init__(
         self,
@@ -124,6 +123,9 @@ class DiffusionTask(SentencePairTask):
             "sampler": sampler,
             "seed": decode_seed,
         }
+        # the loss :meth:`training_objective` made, which evaluation reads (a finished run's
+        # task builds its own)
+        self.loss: DiffusionLoss | None = None
 
     @property
     def clipped(self) -> bool:
@@ -248,47 +250,28 @@ class DiffusionTask(SentencePairTask):
     def training_objective(self, objective: NgramLoss, model: LanguageModel) -> DiffusionLoss:
         """:class:`~targetlm.objectives.diffusion.DiffusionLoss` around the run's objective."""
         denoiser_of(model)  # a clear error for any other encoder
-        return diffusion_loss(objective, model.heads, **self.loss_weights())
+        self.loss = diffusion_loss(objective, model.heads, **self.loss_weights())
+        return self.loss
 
-    def evaluate(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-    ) -> dict[str, Any]:
+    def evaluate(self, model: LanguageModel, split: str) -> dict[str, Any]:
         """The losses at seeded times and noise; ``ppl``: the anchor perplexity (how well x̂₀
         rounds to the target through the logit layer), which picks the best model."""
         from targetlm.inference.diffusion import evaluate_diffusion
+        from targetlm.objectives import build_objective
 
-        if not isinstance(objective, DiffusionLoss):  # what training_objective made
-            raise TypeError(f"a diffusion run evaluates its DiffusionLoss, not {objective!r}")
-        return evaluate_diffusion(model, data.batches[split], self, objective, device)
+        loss = self.loss
+        if loss is None:  # a finished run's: its objective, built as its training built it
+            denoiser_of(model)
+            objective = build_objective(self.config.objective, model)
+            loss = diffusion_loss(objective, model.heads, **self.loss_weights())
+        return evaluate_diffusion(model, self.data.batches[split], self, loss, self.device)
 
-    def final_results(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
+    def split_results(self, model: LanguageModel, split: str) -> dict[str, Any]:
         """The validation losses with BLEU and chrF of diffusion decoding (the ``[task]``
         decode settings)."""
-        result = self.evaluate(model, data, split, objective, config, device)
-        options = self.decoding_options(0.0, {}, {})
-        scores, speed = self.score_split(
-            model, data.vocab, data.splits[split], options, config, device
-        )
-        log(
-            f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} "
-            f"({options.summary()['decoding']}, {speed:.1f} sentences/s) "
-            f"{scores['bleu_signature']}"
-        )
+        result = self.evaluate(model, split)
+        options = self.run_decoding(0.0)
+        scores, speed = self.decode_split(model, split, options, options.summary()["decoding"])
         return {**result, **scores, **options.summary(), "sentences_per_s": speed}
 
     def decoding_options(
@@ -305,57 +288,24 @@ class DiffusionTask(SentencePairTask):
         overrides = {key: value for key, value in diffusion.items() if key != "oracle_length"}
         return decode_options(self, ensemble_lambda, **overrides)
 
-    def translate_texts(
-        self,
-        model: LanguageModel,
-        vocab: Vocabulary,
-        sources: Sequence[torch.Tensor],
-        options: Any,
-        *,
-        batch_size: int,
-        device: str | torch.device,
-        target_lengths: Sequence[int] | None = None,
-    ) -> tuple[list[str], float]:
+    def decoder(self) -> Callable[..., tuple[list[str], float]]:
         from targetlm.inference.diffusion import translate_texts
 
-        return translate_texts(
-            model,
-            vocab,
-            sources,
-            options,
-            task=self,
-            batch_size=batch_size,
-            device=device,
-            target_lengths=target_lengths,
-        )
+        return functools.partial(translate_texts, task=self)
 
     def decoding_summary(self, options: Any) -> dict[str, Any]:
         return {"beam": options.beam, **options.summary()}
 
     def evaluate_run(
-        self,
-        model: LanguageModel,
-        vocab: Vocabulary,
-        config: Config,
-        split: str,
-        ensemble_lambda: float,
+        self, model: LanguageModel, split: str, ensemble_lambda: float
     ) -> dict[str, Any]:
         """The validation losses of ``split`` (decoding and BLEU are ``targetlm translate``'s)."""
-        from targetlm.inference.diffusion import evaluate_diffusion
-        from targetlm.objectives import build_objective
-
         if ensemble_lambda:
             raise ConfigError(
                 "a diffusion run is evaluated on its splits (its losses): use `targetlm "
                 "translate RUN --input SRC [--ensemble-lambda L]` to decode a file"
             )
-        loss = self.training_objective(build_objective(config.objective, model), model)
-        part = self.split_data(config, vocab, split)
-        batches = self.pairs(part, config, vocab.eos_id)
-        return {
-            "split": getattr(config.data, split),
-            **evaluate_diffusion(model, batches, self, loss, config.train.device),
-        }
+        return {"split": getattr(self.config.data, split), **self.evaluate(model, split)}
 
     def describe(self, split: str, result: dict[str, Any]) -> str:
         r = result

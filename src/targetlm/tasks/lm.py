@@ -6,10 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from targetlm.data.batching import StreamBatchSequence, stream_batches
+from targetlm.data.batching import StreamBatchSequence
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.tasks.base import TASKS, Batch, StreamTask, TaskData
 
@@ -35,7 +32,7 @@ class LanguageModelingTask(StreamTask):
         self, config: Config, base_vocabulary: Vocabulary | None, log: Callable[[str], None]
     ) -> TaskData:
         from targetlm.data import load_corpus, with_context_token
-        from targetlm.data.datasets import check_training_tokens
+        from targetlm.data.readers import check_training_tokens
 
         c = config.data
         corpus = load_corpus(c)
@@ -55,74 +52,38 @@ class LanguageModelingTask(StreamTask):
 
         return load_corpus(config.data, (config.data.train,)).vocab  # the tokenizer's, if any
 
-    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> Sequence[Batch]:
+    def training_batches(self, lookahead: int) -> Sequence[Batch]:
         # N-gram heads score words t+1..t+N−1 too: their targets run into the next segment
-        c = config.data
+        c = self.config.data
         return self.batches(
-            data.splits["train"], c.batch_size, c.bptt, train=True, lookahead=lookahead
+            self.data.splits["train"], c.batch_size, c.bptt, train=True, lookahead=lookahead
         )
 
-    def evaluate(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-    ) -> dict[str, Any]:
+    def evaluate(self, model: LanguageModel, split: str) -> dict[str, Any]:
         """``{"ppl", "nll", "tokens"}`` of the model on ``split``'s stream."""
         from targetlm.inference.evaluate import evaluate_stream
 
+        c = self.config
         return evaluate_stream(
             model,
-            data.splits[split],
-            config.eval.batch_size,
-            config.eval.segment or config.data.bptt,
-            device,
+            self.data.splits[split],
+            c.eval.batch_size,
+            c.eval.segment or c.data.bptt,
+            self.device,
             task=self,
-            loss_impl=config.train.loss_impl,
+            loss_impl=c.train.loss_impl,
         )
 
-    def final_results(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
-        result = self.evaluate(model, data, split, objective, config, device)
-        tokens = data.corpus.splits[getattr(config.data, split)]
+    def split_results(self, model: LanguageModel, split: str) -> dict[str, Any]:
+        """The perplexity, the OOV rate and the unigram perplexity of ``split``."""
+        result = self.evaluate(model, split)
+        vocab, tokens = self.data.vocab, self.data.corpus.splits[getattr(self.config.data, split)]
         return {
             "ppl": result["ppl"],
             "tokens": result["tokens"],
-            "oov_rate": data.vocab.oov_rate(tokens),
-            "unigram_ppl": data.vocab.unigram_perplexity(tokens),
+            "oov_rate": vocab.oov_rate(tokens),
+            "unigram_ppl": vocab.unigram_perplexity(tokens),
         }
-
-    def batches(
-        self,
-        ids: torch.Tensor,
-        batch_size: int,
-        segment: int,
-        *,
-        train: bool,
-        lookahead: int = 0,
-        input_ids: torch.Tensor | None = None,
-        positions: bool = False,
-    ) -> StreamBatchSequence:
-        return stream_batches(
-            ids,
-            batch_size,
-            segment,
-            train=train,
-            lookahead=lookahead,
-            input_ids=input_ids,
-            positions=positions,
-        )
 
     def predict(
         self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True

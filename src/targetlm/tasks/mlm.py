@@ -44,8 +44,6 @@ from targetlm.registry import ConfigError, Probability, Seed
 from targetlm.tasks.base import TASKS, Batch, Task, TaskData
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from targetlm.config import Config
 
 CLS = "<cls>"  # the first token of every row (the classifier's pooled position)
@@ -236,7 +234,7 @@ class MaskedLmTask(Task[LanguageModel]):
     ) -> TaskData:
         """The corpus's splits as token streams (no context token: each row starts with
         ``<cls>``) and the fixed-mask evaluation batches of valid and test."""
-        from targetlm.data.datasets import check_training_tokens, load_corpus
+        from targetlm.data.readers import check_training_tokens, load_corpus
 
         c = config.data
         if config.train.init_from:
@@ -258,15 +256,29 @@ class MaskedLmTask(Task[LanguageModel]):
         return TaskData(vocab, corpus, splits, batches)
 
     def vocabulary(self, config: Config) -> Vocabulary:
-        from targetlm.data.datasets import load_corpus
+        from targetlm.data.readers import load_corpus
 
         return self.with_special_words(load_corpus(config.data, (config.data.train,)).vocab)
 
-    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> MaskedBlocks:
+    def run_data(self, config: Config, vocab: Vocabulary, splits: Sequence[str]) -> TaskData:
+        """The evaluation batches of a finished run's ``splits``, read with its tokenizer and
+        vocabulary (the evaluation's fixed masks)."""
+        from targetlm.data import read_lines
+
+        tokenizer, c = vocab.require_tokenizer(), config.data
+        batches = {}
+        for split in splits:
+            ids = vocab.encode(tokenizer.tokenize(read_lines(c, getattr(c, split))))
+            batches[split] = self.batches(
+                ids, config.eval.batch_size, c.bptt, vocab=vocab, train=False
+            )
+        return TaskData(vocab, None, {}, batches)
+
+    def training_batches(self, lookahead: int) -> MaskedBlocks:
         """Rows of ``data.bptt`` tokens, ``data.batch_size`` a batch, masked when read."""
-        c = config.data
+        c = self.config.data
         batches = self.batches(
-            data.splits["train"], c.batch_size, c.bptt, vocab=data.vocab, train=True,
+            self.data.splits["train"], c.batch_size, c.bptt, vocab=self.data.vocab, train=True,
             lookahead=lookahead,
         )  # fmt: skip
         if not len(batches):
@@ -277,34 +289,15 @@ class MaskedLmTask(Task[LanguageModel]):
         return batches
 
     # --- evaluation ----------------------------------------------------------------------------
-    def evaluate(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-    ) -> dict[str, Any]:
+    def evaluate(self, model: LanguageModel, split: str) -> dict[str, Any]:
         """The masked tokens' ``{"nll", "ppl", "tokens"}`` on ``split`` (fixed masks)."""
         from targetlm.inference.translate import evaluate_pairs
 
-        return evaluate_pairs(model, data.batches[split], self, device)
+        return evaluate_pairs(model, self.data.batches[split], self, self.device)
 
-    def final_results(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
-        return self._figures(self.evaluate(model, data, split, objective, config, device))
-
-    def _figures(self, result: dict[str, Any]) -> dict[str, Any]:
-        """A split's figures in results.json, from :meth:`evaluate`'s ``result``."""
+    def split_results(self, model: LanguageModel, split: str) -> dict[str, Any]:
+        """The masked tokens' perplexity on ``split`` and the mask rate."""
+        result = self.evaluate(model, split)
         return {
             "ppl": result["ppl"],
             "nll": result["nll"],
@@ -317,30 +310,18 @@ class MaskedLmTask(Task[LanguageModel]):
         return [f"test masked-token perplexity: {results['test']['ppl']:.2f}"]
 
     def evaluate_run(
-        self,
-        model: LanguageModel,
-        vocab: Vocabulary,
-        config: Config,
-        split: str,
-        ensemble_lambda: float,
+        self, model: LanguageModel, split: str, ensemble_lambda: float
     ) -> dict[str, Any]:
         """The masked tokens' perplexity on ``split`` with the evaluation's fixed masks, as
-        :meth:`final_results` computes it (the split read with the run's tokenizer and
-        vocabulary). The main head only: ``ensemble_lambda`` must be 0."""
-        from targetlm.data import read_lines
-        from targetlm.inference.translate import evaluate_pairs
-
+        :meth:`final_results` computes it (the task bound to :meth:`run_data`: the split read
+        with the run's tokenizer and vocabulary). The main head only: ``ensemble_lambda``
+        must be 0."""
         if ensemble_lambda:
             raise ConfigError(
                 "--ensemble-lambda: a masked-LM run is evaluated with its main head (the "
                 "masked tokens' perplexity)"
             )
-        lines = read_lines(config.data, getattr(config.data, split))
-        ids = vocab.encode(vocab.require_tokenizer().tokenize(lines))
-        batches = self.batches(
-            ids, config.eval.batch_size, config.data.bptt, vocab=vocab, train=False
-        )
-        return self._figures(evaluate_pairs(model, batches, self, config.train.device))
+        return self.split_results(model, split)
 
     def describe(self, split: str, result: dict[str, Any]) -> str:
         """One printed line of :meth:`evaluate_run`'s ``result``."""

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from targetlm.data.batching import IGNORE, pad
 from targetlm.modules.interfaces import ConditionalEncoder
@@ -84,7 +83,10 @@ class SentencePairTask(Task[LanguageModel]):
     and what its final figures add to BLEU and chrF (:meth:`final_results`).
     """
 
+    reads = "pairs"
     conditional = True
+    # the decoder can be told each output's length (``targetlm translate --oracle-length``)
+    decodes_at_lengths = False
 
     def summary(self, results: dict[str, Any]) -> list[str]:
         """The test perplexity and BLEU (with SacreBLEU's signature)."""
@@ -129,17 +131,33 @@ class SentencePairTask(Task[LanguageModel]):
             batch_size=config.data.batch_size,
         )
 
-    def prepare(
-        self, data: TaskData, config: Config, model: LanguageModel, log: Callable[[str], None]
-    ) -> None:
+    def run_data(self, config: Config, vocab: Vocabulary, splits: Sequence[str]) -> TaskData:
+        """A finished run's ``splits``, encoded with its vocabulary and tokenizer, and their
+        evaluation batches."""
+        from targetlm.data.parallel import ParallelSplit, encode_lines, read_parallel
+
+        tokenizer = vocab.require_tokenizer()
+        parts = {}
+        for split in splits:
+            part = read_parallel(config.data, getattr(config.data, split), train=False)
+            parts[split] = ParallelSplit(
+                part.source_lines,
+                part.target_lines,
+                encode_lines(tokenizer, vocab, part.source_lines),
+                encode_lines(tokenizer, vocab, part.target_lines),
+            )
+        batches = {split: self.pairs(part, config, vocab.eos_id) for split, part in parts.items()}
+        return TaskData(vocab, None, parts, batches)
+
+    def prepare(self, model: LanguageModel) -> None:
         """Pairs the model cannot read (a side, ``<eos>`` included, longer than the encoder's
         ``max_context``): training pairs are left out and counted, as empty ones are; a valid
         or test pair is an error naming it (scores over part of a split would mislead)."""
-        from targetlm.data.datasets import parse_split
         from targetlm.data.parallel import languages, split_file
+        from targetlm.data.readers import parse_split
         from targetlm.data.vocab import DataError
 
-        c = config.data
+        c, data = self.config.data, self.data
         context = model.encoder.max_context
         if context is None:  # an encoder-decoder or a denoiser always has one
             raise ValueError(f"a {type(model.encoder).__name__} has no max_context")
@@ -154,7 +172,7 @@ class SentencePairTask(Task[LanguageModel]):
                 raise DataError(
                     f"no training pair of {c.train!r} fits the model's max_context {context}"
                 )
-            log(
+            self.log(
                 f"skipped {len(train.source) - len(keep)} training pairs longer than the "
                 f"model's max_context {context}"
             )
@@ -173,8 +191,14 @@ class SentencePairTask(Task[LanguageModel]):
                             f"{context}"
                         )
 
-    def training_batches(self, data: TaskData, config: Config, lookahead: int) -> Sequence[Batch]:
-        return self.pairs(data.splits["train"], config, data.vocab.eos_id)
+    def training_batches(self, lookahead: int) -> Sequence[Batch]:
+        return self.pairs(self.data.splits["train"], self.config, self.data.vocab.eos_id)
+
+    def evaluate(self, model: LanguageModel, split: str) -> dict[str, Any]:
+        """The teacher-forced ``{"nll", "ppl", "tokens"}`` of ``split``'s target side."""
+        from targetlm.inference.translate import evaluate_pairs
+
+        return evaluate_pairs(model, self.data.batches[split], self, self.device)
 
     # --- decoding --------------------------------------------------------------------------------
     def decoding_options(
@@ -196,50 +220,55 @@ class SentencePairTask(Task[LanguageModel]):
         device: str | torch.device,
         target_lengths: Sequence[int] | None = None,
     ) -> tuple[list[str], float]:
-        """The detokenized outputs of ``sources`` (ids) and the decoding time in seconds."""
+        """The detokenized outputs of ``sources`` (ids) and the decoding time in seconds, by
+        :meth:`decoder`; ``target_lengths``: each output's length (a decoder that
+        :attr:`decodes_at_lengths`)."""
+        if target_lengths is not None and not self.decodes_at_lengths:
+            raise ConfigError("--oracle-length is for diffusion runs")
+        lengths = {} if target_lengths is None else {"target_lengths": target_lengths}
+        decode = self.decoder()
+        return decode(
+            model, vocab, sources, options, batch_size=batch_size, device=device, **lengths
+        )
+
+    def decoder(self) -> Callable[..., tuple[list[str], float]]:
+        """The function that decodes a list of sources: ``(model, vocab, sources, options, *,
+        batch_size, device[, target_lengths])`` -> (outputs, seconds)."""
         raise NotImplementedError
 
     def decoding_summary(self, options: Any) -> dict[str, Any]:
         """The decoder's settings, for summaries and results."""
         return {"beam": options.beam}
 
-    def score_split(
-        self,
-        model: LanguageModel,
-        vocab: Vocabulary,
-        part: ParallelSplit,
-        options: Any,
-        config: Config,
-        device: str | torch.device,
+    def run_decoding(self, ensemble_lambda: float) -> Any:
+        """The options the run decodes its splits with (its ``[eval]`` / ``[task]``
+        settings), with ``ensemble_lambda``."""
+        return self.decoding_options(ensemble_lambda, {}, {})
+
+    def decode_split(
+        self, model: LanguageModel, split: str, options: Any, settings: str
     ) -> tuple[dict[str, Any], float]:
-        """BLEU and chrF of decoding ``part``'s sources against its references, and the
-        sentences decoded per second."""
+        """BLEU and chrF of decoding ``split``'s sources with ``options`` against its
+        references, and the sentences decoded per second; logged with ``settings`` (the
+        decoder's, in words)."""
         from targetlm.inference.translate import score_translations
 
+        part = self.data.splits[split]
         hypotheses, seconds = self.translate_texts(
             model,
-            vocab,
+            self.data.vocab,
             part.source,
             options,
-            batch_size=config.eval.batch_size,
-            device=device,
+            batch_size=self.config.eval.batch_size,
+            device=self.device,
         )
         speed = len(hypotheses) / max(seconds, 1e-9)
-        return score_translations(hypotheses, part.target_lines), speed
-
-    # --- a finished run: targetlm eval --------------------------------------------------------
-    def split_data(self, config: Config, vocab: Vocabulary, split: str) -> ParallelSplit:
-        """``split`` ("valid", "test", "train") of a finished run, encoded with its vocabulary."""
-        from targetlm.data.parallel import ParallelSplit, encode_lines, read_parallel
-
-        part = read_parallel(config.data, getattr(config.data, split), train=False)
-        tokenizer = vocab.require_tokenizer()
-        return ParallelSplit(
-            part.source_lines,
-            part.target_lines,
-            encode_lines(tokenizer, vocab, part.source_lines),
-            encode_lines(tokenizer, vocab, part.target_lines),
+        scores = score_translations(hypotheses, part.target_lines)
+        self.log(
+            f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} ({settings}, "
+            f"{speed:.1f} sentences/s) {scores['bleu_signature']}"
         )
+        return scores, speed
 
 
 @TASKS.register("translation")
@@ -263,46 +292,22 @@ class TranslationTask(SentencePairTask):
         prediction = model(batch.inputs, start, run_heads=run_heads)
         return Prediction(prediction.main, prediction.heads, None)
 
-    def evaluate(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-    ) -> dict[str, Any]:
-        from targetlm.inference.translate import evaluate_pairs
-
-        return evaluate_pairs(model, data.batches[split], self, device)
-
-    def final_results(
-        self,
-        model: LanguageModel,
-        data: TaskData,
-        split: str,
-        objective: nn.Module,
-        config: Config,
-        device: torch.device,
-        log: Callable[[str], None],
-    ) -> dict[str, Any]:
-        result = self.evaluate(model, data, split, objective, config, device)
-        options = self.decoding_options(0.0, {"beam": config.eval.beam}, {})
-        scores, speed = self.score_split(
-            model, data.vocab, data.splits[split], options, config, device
-        )
-        log(
-            f"{split}: BLEU {scores['bleu']:.2f} chrF {scores['chrf']:.2f} (beam {config.eval.beam}, "
-            f"{speed:.1f} sentences/s) {scores['bleu_signature']}"
-        )
+    def split_results(self, model: LanguageModel, split: str) -> dict[str, Any]:
+        """The teacher-forced perplexity, and BLEU and chrF of beam search (``eval.beam``)."""
+        result = self.evaluate(model, split)
+        options = self.run_decoding(0.0)
+        scores, speed = self.decode_split(model, split, options, f"beam {options.beam}")
         return {
             "ppl": result["ppl"],
             "nll": result["nll"],
             "tokens": result["tokens"],
             **scores,
-            "beam": config.eval.beam,
+            "beam": options.beam,
             "sentences_per_s": speed,
         }
+
+    def run_decoding(self, ensemble_lambda: float) -> Any:
+        return self.decoding_options(ensemble_lambda, {"beam": self.config.eval.beam}, {})
 
     def decoding_options(
         self, ensemble_lambda: float, beam: dict[str, Any], diffusion: dict[str, Any]
@@ -317,43 +322,22 @@ class TranslationTask(SentencePairTask):
         given = {key: value for key, value in beam.items() if value is not None}
         return DecodeOptions(ensemble_lambda=ensemble_lambda, **given)
 
-    def translate_texts(
-        self,
-        model: LanguageModel,
-        vocab: Vocabulary,
-        sources: Sequence[torch.Tensor],
-        options: Any,
-        *,
-        batch_size: int,
-        device: str | torch.device,
-        target_lengths: Sequence[int] | None = None,
-    ) -> tuple[list[str], float]:
+    def decoder(self) -> Callable[..., tuple[list[str], float]]:
         from targetlm.inference.translate import translate_texts
 
-        if target_lengths is not None:
-            raise ConfigError("--oracle-length is for diffusion runs")
-        return translate_texts(model, vocab, sources, options, batch_size=batch_size, device=device)
+        return translate_texts
 
     def evaluate_run(
-        self,
-        model: LanguageModel,
-        vocab: Vocabulary,
-        config: Config,
-        split: str,
-        ensemble_lambda: float,
+        self, model: LanguageModel, split: str, ensemble_lambda: float
     ) -> dict[str, Any]:
         """Teacher-forced loss and perplexity, and BLEU / chrF of beam search (``eval.beam``;
         ``ensemble_lambda``: inside the search)."""
-        from targetlm.inference.translate import evaluate_pairs
-
-        options = self.decoding_options(ensemble_lambda, {"beam": config.eval.beam}, {})
+        options = self.run_decoding(ensemble_lambda)
         options.check(model)
-        part = self.split_data(config, vocab, split)
-        batches = self.pairs(part, config, vocab.eos_id)
-        loss = evaluate_pairs(model, batches, self, config.train.device)
-        scores, speed = self.score_split(model, vocab, part, options, config, config.train.device)
+        loss = self.evaluate(model, split)
+        scores, speed = self.decode_split(model, split, options, f"beam {options.beam}")
         return {
-            "split": getattr(config.data, split),
+            "split": getattr(self.config.data, split),
             **loss,
             **scores,
             "beam": options.beam,
