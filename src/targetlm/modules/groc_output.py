@@ -30,12 +30,10 @@ from targetlm.modules.outputs import (
 )
 from targetlm.registry import Count, Fraction, Probability, Seed, Size
 
-BIAS_ACTIVATIONS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid}
-
 
 class CompositionalOutput(OutputLayer):
     """``E_out = ResidualNetwork(GroundedEncoder(V))``, compositional bias
-    ``b_v = act(w · e_v + a)`` (Pappas et al. 2020, eq. 5), evaluation cache, sparse updates.
+    ``b_v = tanh(w · e_v + a)`` (Pappas et al. 2020, eq. 5), evaluation cache, sparse updates.
 
     ``embedding_dropout``: variational dropout on E_out itself in training (one mask over d
     shared by every word); GroC uses it at depth 0, where the network has no layers to drop
@@ -54,7 +52,6 @@ class CompositionalOutput(OutputLayer):
         bias: bool,
         update_prob: float,
         max_word_length: int,
-        bias_activation: Literal["tanh", "sigmoid"] = "tanh",
         embedding_dropout: float = 0.0,
     ) -> None:
         super().__init__()
@@ -66,7 +63,6 @@ class CompositionalOutput(OutputLayer):
         self.encoder = encoder
         self.network = network
         self.bias_layer = nn.Linear(size, 1) if bias else None
-        self.bias_activation = BIAS_ACTIVATIONS[bias_activation]
         self.embedding_dropout = embedding_dropout
         self.update_prob = update_prob
         # a step that reuses the last E_out leaves the network that composes it untouched
@@ -99,10 +95,10 @@ class CompositionalOutput(OutputLayer):
         return self.network(self.encoder(index))
 
     def compositional_bias(self, weight: torch.Tensor) -> torch.Tensor | None:
-        """``b_v = act(w · e_v + a)`` (V,) of E_out ``weight`` (V, d): no per-word parameter."""
+        """``b_v = tanh(w · e_v + a)`` (V,) of E_out ``weight`` (V, d): no per-word parameter."""
         if self.bias_layer is None:
             return None
-        return self.bias_activation(self.bias_layer(weight)).squeeze(-1)
+        return torch.tanh(self.bias_layer(weight)).squeeze(-1)
 
     def embed_words(
         self, words: Sequence[str], lexicon: Lexicon | None = None
@@ -171,9 +167,8 @@ class GrocOutput(CompositionalOutput):
         dropout: r of Table 8, variational (one mask over d for every word): between the
             network's layers (§3.2) or, at depth 0, on the output embeddings themselves (§4.1:
             "we apply variational dropout to all output embeddings").
-        bias / bias_activation: the compositional bias ``act(w·e_v + a)`` of eq. 5, where
-            "σ is the activation function" (not necessarily the sigmoid): tanh, as in the
-            authors' code, or sigmoid (targetlm's earlier reading, for older checkpoints).
+        bias: the compositional bias ``tanh(w·e_v + a)`` of eq. 5, where "σ is the activation
+            function" (not necessarily the sigmoid): tanh, as in the authors' code.
         update_prob: p of the sparse output updates (1: recompute E_out every step; 0: only
             the first step of each ``train()`` phase, then reuse it). The reused E_out goes
             into the trainer's resumable checkpoint, so resume is exact for any p.
@@ -200,7 +195,6 @@ class GrocOutput(CompositionalOutput):
         activation: Literal["relu", "selu", "tanh"] = "relu",
         dropout: Fraction = 0.0,
         bias: bool = True,
-        bias_activation: Literal["tanh", "sigmoid"] = "tanh",
         update_prob: Probability = 1.0,
         char_size: Size = 16,
         widths: Widths = (1, 2, 3, 4, 5, 6),
@@ -245,7 +239,6 @@ class GrocOutput(CompositionalOutput):
             bias,
             update_prob,
             max_word_length,
-            bias_activation,
             embedding_dropout=dropout if depth == 0 else 0.0,
         )
 
@@ -255,7 +248,7 @@ class CharCnnOutput(CompositionalOutput):
     """CNN softmax (Józefowicz et al. 2016): ``E_out = W · highway(CNN(chars))``, with
     the optional per-word correction ``+ M · c_v`` (c_v of size ``correction``; it is the one
     vocabulary-dependent part, off by default; unseen words get none). d = the encoder's
-    output size; the bias is compositional (``act(w·e_v + a)``), as in GroC.
+    output size; the bias is compositional (``tanh(w·e_v + a)``), as in GroC.
 
     Args: as :class:`GrocOutput`'s bias and char-CNN options, plus ``correction``.
     """
@@ -265,7 +258,6 @@ class CharCnnOutput(CompositionalOutput):
         words: Sequence[str],
         hidden_size: int,
         bias: bool = True,
-        bias_activation: Literal["tanh", "sigmoid"] = "tanh",
         update_prob: Probability = 1.0,
         char_size: Size = 16,
         widths: Widths = (1, 2, 3, 4, 5, 6),
@@ -285,7 +277,6 @@ class CharCnnOutput(CompositionalOutput):
             bias,
             update_prob,
             max_word_length,
-            bias_activation,
         )
         if correction < 0:
             raise ValueError(f"correction must be >= 0, got {correction}")
