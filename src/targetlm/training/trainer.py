@@ -107,12 +107,13 @@ class Trainer:
         )
         self.task: Task[Any] = build_task(c)
         source = self._load_data()
+        self.task.setup(c, self.data, self.device, self.log)
         model = build_model(c.model, self.vocab.itos).to(self.device)
         if source is not None:
             state, base, where = source
             finetune.transfer_weights(model, state, len(self.vocab) - len(base), where)
         # what is trained: the language model, or the task's module around it (a classifier)
-        self.model: Any = self.task.model_to_train(model, self.data, c).to(self.device)
+        self.model: Any = self.task.model_to_train(model).to(self.device)
         objective = build_objective(
             c.objective,
             self.model,
@@ -128,7 +129,7 @@ class Trainer:
             step_objective = distributed.ShardedObjective(
                 self.objective, self.processes, c.task.kind
             )
-        self.task.prepare(self.data, c, self.model, self.log)
+        self.task.prepare(self.model)
         self.batches = self._training_batches()
         if self.device.type == "cuda":  # on the GPU once: a step copies nothing from the host
             self.batches = [self.batches[i].to(self.device) for i in range(len(self.batches))]
@@ -195,7 +196,7 @@ class Trainer:
 
     def _training_batches(self) -> Any:
         """The task's training batches; with several processes, this rank's rows of them."""
-        batches = self.task.training_batches(self.data, self.config, self.lookahead)
+        batches = self.task.training_batches(self.lookahead)
         if self.processes.several and self.task.conditional and len(batches):
             rows = max(batch.inputs.size(0) for batch in batches)
             if rows < self.processes.world_size:
@@ -212,21 +213,11 @@ class Trainer:
         its figures (the schedule and early stopping agree)."""
         if self.processes.sharded:  # every rank holds a share of the model: all evaluate
             with self.processes.whole(self.step_module):
-                return self.task.evaluate(
-                    self.model, self.data, split, self.objective, self.config, self.device
-                )
+                return self.task.evaluate(self.model, split)
         result = None
         if self.processes.is_main:
-            result = self.task.evaluate(
-                self.model, self.data, split, self.objective, self.config, self.device
-            )
+            result = self.task.evaluate(self.model, split)
         return self.processes.broadcast(result)
-
-    def _split_results(self, split: str) -> dict[str, Any]:
-        """The final figures of ``split`` in results.json (the task's)."""
-        return self.task.final_results(
-            self.model, self.data, split, self.objective, self.config, self.device, self.log
-        )
 
     def _start_run_dir(self) -> None:
         self.run_directory.start(self.vocab)
@@ -637,9 +628,7 @@ class Trainer:
                     self.step_module, best.get("model", {}), self.processes
                 )
             with self.processes.whole(self.step_module):
-                results: dict[str, Any] = {
-                    name: self._split_results(name) for name in ("valid", "test")
-                }
+                results: dict[str, Any] = self.task.final_results(self.model)
         if not self.processes.is_main:
             return {"rank": self.processes.rank, "steps": self.step}
 
@@ -648,7 +637,7 @@ class Trainer:
             if (self.run_dir / runs.BEST).is_file():
                 best = load_checkpoint(self.run_dir / runs.BEST)
                 self.model.load_state_dict(best["model"])
-            results = {name: self._split_results(name) for name in ("valid", "test")}
+            results = self.task.final_results(self.model)
         results.update(
             params=self.model.parameter_counts(),
             total_params=sum(self.model.parameter_counts().values()),
