@@ -46,6 +46,8 @@ except ImportError as error:
 needs_speculators = pytest.mark.skipif(SPECULATORS is not None, reason=SPECULATORS or "")
 EAGLE_KIND = importlib.util.find_spec("targetlm.modules.eagle") is not None
 needs_eagle = pytest.mark.skipif(not EAGLE_KIND, reason="no eagle head kind in this tree")
+if EAGLE_KIND:
+    import targetlm.modules.eagle  # noqa: F401 (registers the head kind)
 
 
 @pytest.fixture(scope="module")
