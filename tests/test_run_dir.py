@@ -205,6 +205,39 @@ def test_resume_refuses_a_checkpoint_of_another_config(tmp_path):
         Trainer(config.replace(["train.max_steps=4"]), tmp_path / "run", resume=True).train()
 
 
+def _older_layout(checkpoint: dict, entry: str) -> None:
+    """``checkpoint`` as an earlier targetlm wrote it: without ``entry`` (``progress.KEY``: a
+    key of its progress)."""
+    if entry.startswith("progress."):
+        del checkpoint["progress"][entry.removeprefix("progress.")]
+    else:
+        del checkpoint[entry]
+
+
+@pytest.mark.parametrize(
+    "entry", ["config", "caches", "progress.window", "progress.metrics_records"]
+)
+def test_a_checkpoint_of_an_earlier_layout_is_one_error_and_resume_changes_nothing(
+    tmp_path, capsys, entry
+):
+    """Today's last.pt resumes; one written without an entry of today's layout is refused in
+    one line naming the entry, before the run directory is touched."""
+    config = tiny_config(**SMALL, **{"train.max_steps": 3})
+    run = tmp_path / "run"
+    Trainer(config, run, log=_quiet).train()
+    checkpoint = load(run / "last.pt")
+    _older_layout(checkpoint, entry)
+    torch.save(checkpoint, run / "last.pt")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    rc = main(["train", "--resume", "--run-dir", str(run), "--set", "train.max_steps=6"])
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and len(err.splitlines()) == 1, err
+    assert f"a checkpoint of an earlier targetlm (no {entry})" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert _leftovers(run) == []  # no lock left behind
+
+
 # --- metrics.jsonl ----------------------------------------------------------------------------
 def test_a_bad_metrics_line_before_the_last_is_one_error_naming_it(tmp_path):
     config = tiny_config(**SMALL, **{"train.max_steps": 4})

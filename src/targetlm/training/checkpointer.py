@@ -60,6 +60,34 @@ def write_best(
     )
 
 
+# what last.pt's "progress" holds besides its step (the trainer's position and counters)
+PROGRESS_KEYS = (
+    "epoch",
+    "batch_index",
+    "best_valid",
+    "bad_evaluations",
+    "elapsed",
+    "window",
+    "metrics_records",
+)
+
+
+def check_layout(checkpoint: dict[str, Any], path: Path) -> None:
+    """One error when a last.pt ``checkpoint`` (read with :data:`RESUME_KEYS`) lacks an entry
+    today's layout writes: a checkpoint of an earlier targetlm, which resume does not read."""
+    missing = [key for key in ("config", "caches") if key not in checkpoint]
+    progress = checkpoint["progress"]
+    if not isinstance(progress, dict):
+        missing.append("progress")
+    else:
+        missing += [f"progress.{key}" for key in ("step", *PROGRESS_KEYS) if key not in progress]
+    if missing:
+        raise CheckpointError(
+            f"{path}: a checkpoint of an earlier targetlm (no {', '.join(missing)}); it cannot "
+            "be resumed: train again in a new run directory"
+        )
+
+
 def cached_modules(model: nn.Module) -> list[tuple[str, HasTrainingCache]]:
     """Modules with training-time state outside their state_dict (``training_cache()``)."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, HasTrainingCache)]
@@ -166,15 +194,16 @@ class Checkpointer:
         on ``device``). ``freeze_body(frozen)`` sets which parameters train before a sharded
         optimiser state is read (during the heads-only warm-up, the heads alone)."""
         checkpoint = checkpoint_lib.load(self.run_dir / runs.LAST, RESUME_KEYS)
-        if "config" in checkpoint:
-            check_same_config(self.run_dir, runs.LAST, checkpoint["config"], self.config)
-            saved_mode = checkpoint["config"].get("train", {}).get("compile", "off")
-            if saved_mode != self.config.train.compile:
-                self.log(
-                    f"train.compile was {saved_mode!r}, now {self.config.train.compile!r}: the "
-                    "run continues from the same weights, optimiser, position and random state; "
-                    "its losses match an uninterrupted run's to float rounding, not bit for bit"
-                )
+        check_layout(checkpoint, self.run_dir / runs.LAST)
+        check_same_config(self.run_dir, runs.LAST, checkpoint["config"], self.config)
+        # a key the saved config lacks has its default, as for the config check above
+        saved_mode = checkpoint["config"].get("train", {}).get("compile", "off")
+        if saved_mode != self.config.train.compile:
+            self.log(
+                f"train.compile was {saved_mode!r}, now {self.config.train.compile!r}: the "
+                "run continues from the same weights, optimiser, position and random state; "
+                "its losses match an uninterrupted run's to float rounding, not bit for bit"
+            )
         saved_vocab = Vocabulary.from_state_dict(checkpoint["vocab"])
         if saved_vocab != vocab:
             raise CheckpointError(
@@ -195,29 +224,25 @@ class Checkpointer:
         self.step = progress["step"]
         state = _to_device(checkpoint["state"], device)
         for name, module in cached_modules(model):  # e.g. GroC's reused E_out (sparse updates)
-            module.load_training_cache(_to_device(checkpoint.get("caches", {}).get(name), device))
+            module.load_training_cache(_to_device(checkpoint["caches"].get(name), device))
         torch.set_rng_state(checkpoint["rng"]["torch"])
         random.setstate(_as_tuple(checkpoint["rng"]["python"]))
         return progress, state
 
-    def forget_later_metrics(self, count: int | None, step: int) -> int:
+    def forget_later_metrics(self, count: int, step: int) -> int:
         """Keep the first ``count`` records of metrics.jsonl, those logged before the restored
-        checkpoint was written (a checkpoint without the count: those up to its ``step``); the
-        rest will be logged again. Rewritten atomically; returns the records kept (rank 0;
-        the other ranks keep no log: 0)."""
+        checkpoint (of ``step``) was written; the rest will be logged again. Rewritten
+        atomically; returns the records kept (rank 0; the other ranks keep no log: 0)."""
         if not self.processes.is_main:
             return 0
         metrics = self.run_dir / runs.METRICS
         records = rundir.read_metrics(metrics, self.log)
-        if count is None:
-            kept = [r for r in records if r["step"] <= step]
-        else:
-            if len(records) < count:
-                self.log(
-                    f"warning: {metrics} has {len(records)} records, {count} when "
-                    f"{runs.LAST} was written"
-                )
-            kept = records[:count]
+        if len(records) < count:
+            self.log(
+                f"warning: {metrics} has {len(records)} records, {count} when "
+                f"{runs.LAST} was written at step {step}"
+            )
+        kept = records[:count]
         atomic_write(metrics, "".join(json.dumps(r) + "\n" for r in kept))
         return len(kept)
 
