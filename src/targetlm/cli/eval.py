@@ -110,51 +110,50 @@ def run(args: argparse.Namespace) -> int:
                 {"lambda": lam, **per_word(s.summary(), words)}
                 for lam, s in zip(args.ensemble_lambda, streams)
             ]
-        if args.head_top1:
-            result["head_top1"] = head_top1(
-                model, ids, config.eval.batch_size, segment, config.train.device
-            )
-        if args.json:
-            print(json.dumps(result))
-        else:
-            _print_summary(result, oov_options(args, config))
-            _print_heads(result)
-        return 0
-    if args.ensemble_lambda:  # one pass: the main head's ppl and every λ's
-        result = evaluate_ensemble(
-            model, ids, config.eval.batch_size, segment, args.ensemble_lambda, config.train.device
-        )
     else:
-        result = evaluate_stream(
-            model,
-            ids,
-            config.eval.batch_size,
-            segment,
-            config.train.device,
-            loss_impl=config.train.loss_impl,
+        if args.ensemble_lambda:  # one pass: the main head's ppl and every λ's
+            result = evaluate_ensemble(
+                model,
+                ids,
+                config.eval.batch_size,
+                segment,
+                args.ensemble_lambda,
+                config.train.device,
+            )
+        else:
+            result = evaluate_stream(
+                model,
+                ids,
+                config.eval.batch_size,
+                segment,
+                config.train.device,
+                loss_impl=config.train.loss_impl,
+            )
+        result = per_word(result, words)
+        for row in result.get("ensemble", []):
+            row["word_ppl"] = perplexity(row["nll"] * result["tokens"] / words)
+        result.update(
+            **where,
+            tokenizer=config.data.tokenizer,
+            oov_rate=vocab.oov_rate(tokens),
+            batch_size=config.eval.batch_size,
+            segment=segment,
         )
-    result = per_word(result, words)
-    for row in result.get("ensemble", []):
-        row["word_ppl"] = perplexity(row["nll"] * result["tokens"] / words)
-    result.update(
-        **where,
-        tokenizer=config.data.tokenizer,
-        oov_rate=vocab.oov_rate(tokens),
-        batch_size=config.eval.batch_size,
-        segment=segment,
-    )
-    if result["oov_rate"] > HIGH_OOV_RATE:  # the perplexity then mixes in many <unk>
-        result["ppl_known"] = known_word_perplexity(model, vocab, config, tokens)
-    context = model.encoder.max_context
-    if context is not None:
-        result["context"] = context
-        result["min_context"] = context - segment + 1
+        if result["oov_rate"] > HIGH_OOV_RATE:  # the perplexity then mixes in many <unk>
+            result["ppl_known"] = known_word_perplexity(model, vocab, config, tokens)
+        context = model.encoder.max_context
+        if context is not None:
+            result["context"] = context
+            result["min_context"] = context - segment + 1
     if args.head_top1:
         result["head_top1"] = head_top1(
             model, ids, config.eval.batch_size, segment, config.train.device
         )
     if args.json:
         print(json.dumps(result))
+        return 0
+    if combiners is not None:
+        _print_summary(result, oov_options(args, config))
     else:
         name = source if args.file is not None else f"{split} ({source})"
         print(
@@ -164,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             )
             + _per_word_text(result)
         )
-        _print_heads(result)
+    _print_heads(result)
     return 0
 
 

@@ -78,9 +78,10 @@ class SentencePairTask(Task[LanguageModel]):
     and ``targetlm eval`` use.
 
     Data: the parallel splits with their joint vocabulary, batched by length under
-    ``data.max_tokens`` (:func:`pair_batches`). A subclass says how a split is evaluated
-    (:meth:`evaluate`), how it decodes (:meth:`decoding_options`, :meth:`translate_texts`)
-    and what its final figures add to BLEU and chrF (:meth:`final_results`).
+    ``data.max_tokens`` (:func:`pair_batches`); validation: the teacher-forced perplexity of
+    the target side (:meth:`evaluate`). A subclass says how it decodes
+    (:meth:`decoding_options`, :meth:`run_decoding`, :meth:`decoder`) and what its final
+    figures add to BLEU and chrF (:meth:`split_results`, through :meth:`decode_split`).
     """
 
     reads = "pairs"
