@@ -122,14 +122,17 @@ def _pre_norm_state(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _speculators_draft_logits(directory: Path, hidden, ids, steps: int) -> list[torch.Tensor]:
-    """Eagle3DraftModel.from_pretrained(directory)'s logits at each step: its forward
-    teacher-forced on ``ids`` (B = 1), read where its lm_head writes them."""
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    """The logits of speculators' model of ``directory`` (an Eagle3DraftModel) at each step:
+    its forward teacher-forced on ``ids`` (B = 1), read where its lm_head writes them."""
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+    from speculators.models.eagle3 import Eagle3DraftModel
 
-    config = Eagle3SpeculatorConfig.from_pretrained(str(directory))
+    # the library's generic entry points pick the model from config.json
+    config = SpeculatorModelConfig.from_pretrained(str(directory))
     # dense attention masks on the CPU (flex attention's block masks want 128-token blocks)
     config.transformer_layer_config._attn_implementation = "eager"
-    draft = Eagle3DraftModel.from_pretrained(str(directory), config=config).eval()
+    draft = SpeculatorModel.from_pretrained(str(directory), config=config).eval()
+    assert isinstance(draft, Eagle3DraftModel)
     captured: list[torch.Tensor] = []
     hook = draft.lm_head.register_forward_hook(lambda m, i, o: captured.append(o))
     try:
