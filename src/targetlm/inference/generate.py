@@ -246,8 +246,8 @@ def generate_batch(
     ``top_p`` (1: no limit), from a generator seeded with ``seed`` (None: a random seed).
     ``stop``: strings that end a row. ``speculative``: greedy speculative decoding drafted by
     ``"heads"`` (the model's heads), ``"lookup"`` (prompt lookup) or ``"both"`` (lookup where
-    it matches, the heads elsewhere), needing temperature 0; the output is greedy decoding's. It starts once every
-    prompt is read, and speculates while the drafted tokens fit into the encoder's
+    it matches, the heads elsewhere), needing temperature 0; the output is greedy decoding's.
+    It starts once every prompt is read, and drafts as many tokens as fit into the encoder's
     ``max_context`` with every row's stream read so far, where reading them at once gives
     each the context it gets token by token; past that (a sliding window) it takes plain
     greedy steps. ``draft_tokens``: drafted tokens per step (default: each drafter's own, N − 1
@@ -269,7 +269,7 @@ def generate_batch(
     longest, common = max(len(i) for i in ids), min(len(i) for i in ids)
     padded = torch.tensor([i + [vocab.eos_id] * (longest - len(i)) for i in ids], device=device)
     # the last columns' main x̂, for heads that attend over a window of columns while drafting
-    heads_draft = speculative in ("heads", "both") and model.heads is not None
+    heads_draft = speculative in ("heads", "both")
     window = model.heads.context if heads_draft and model.heads is not None else 1
     ragged = _read_prompts(model, padded, lengths, window)
     if ragged is not None:  # every prompt read, each row at its own length
@@ -286,8 +286,8 @@ def generate_batch(
     with progress_bar(max_tokens, "tok", "generating") as bar:  # the longest row's tokens
         while not rows.finished:
             bar.update(max(len(t) for t in rows.tokens) - bar.n)
-            if speculative is not None and read >= longest:  # every row generating, each at
-                # its own pace
+            if speculative is not None and read >= longest:  # all rows generating, each at
+                # its own pace: speculative decoding takes over
                 texts = [i + rows_ids for i, rows_ids in zip(ids, rows.ids)]
                 start = DraftStart(weight, bias, texts, history, draft_tokens, model)
                 drafter = build_drafter(speculative, start)

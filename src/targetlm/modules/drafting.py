@@ -111,7 +111,7 @@ class Drafter(Protocol):
 
     The loop calls, step after step::
 
-        drafted = drafter.propose(first)   # unless the drafts would not fit the context
+        drafted = drafter.propose(first)   # not where no draft fits into the context
         ...verify, accept...
         drafter.accept(verified)           # every step, whether propose was called or not
         drafter.select(rows)               # when rows left the batch (finished)
@@ -125,8 +125,10 @@ class Drafter(Protocol):
     device, 0 ≤ j ≤ ``length``, column 0 being ``first``: the drafts of every row (a row with
     fewer than j drafts pads its own, e.g. by repeating its last token: a wrong draft costs
     verification width, never a wrong output). j = 0 (``first[:, None]``): nothing drafted,
-    the step is a plain greedy step. Every proposal is verified and followed by
-    :meth:`accept` of that step.
+    the step is a plain greedy step. Every proposal is verified (its first columns at least)
+    and followed by :meth:`accept` of that step. A row may keep up to 1 + the longest draft
+    verified, which a combination of drafters makes longer than this drafter's own
+    (``DraftStart.width`` says how long).
 
     :meth:`accept` ``verified`` (:class:`Verified`): row b kept ``verified.kept[b]`` of the
     tokens verified (its accepted drafts + 1); the drafter appends them to what it holds of
