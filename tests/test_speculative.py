@@ -504,6 +504,18 @@ def test_prompt_lookup_drafts_from_two_repeated_tokens_by_default():
     assert drafters.PromptLookup([text]).propose(0, 2, 3) == [3, 9, 1]
 
 
+def test_prompt_lookup_drafts_ten_tokens_by_default():
+    """The measured best on SmolLM2-135M (benchmarks/lookup.py): 10 tokens a step, from the
+    drafter and through generate_batch alike."""
+    assert drafters.LOOKUP_TOKENS == 10
+    lookup = drafters.LookupDrafter([[5, 6, 7, 5, 6, 7, 5]])
+    assert lookup.propose(torch.tensor([6])).tolist() == [[6, 7, 5, 6, 7, 5, 6, 7, 5, 6, 7]]
+    model = lm("transformer", context=64)
+    prompts = [p * 3 for p in PROMPTS[:1]]
+    out = generate_batch(model, VOCAB, prompts, 30, temperature=0, speculative="lookup")
+    assert out.stats is not None and len(out.stats.accepted_at) == 10
+
+
 # --- lookup and heads combined ---------------------------------------------------------------
 
 
