@@ -54,7 +54,7 @@ def test_distillation_targets_are_the_bodys_argmax_and_the_cache_its_states():
     model = tiny()
     segments = torch.randint(2, V, (5, 12))
     cache = distill.HiddenCache.build(model, segments, batch_size=2)
-    assert cache.hidden.shape == (5, 12, 16) and cache.bytes == 5 * 12 * (16 * 4 + 8)
+    assert cache.hidden.shape == (5, 12, 16) and cache.bytes == 5 * 12 * (16 * 4 + 16)
     with torch.no_grad():
         for row in range(5):
             alone = model(segments[row : row + 1], run_heads=False).main[0]
@@ -97,7 +97,7 @@ def tiny_run(tmp_path_factory) -> Path:
     from targetlm import builders
     from targetlm import config as config_lib
     from targetlm.checkpoint import save_atomic
-    from targetlm.data.datasets import load_corpus
+    from targetlm.data.readers import load_corpus
 
     run = tmp_path_factory.mktemp("train_heads") / "run"
     run.mkdir()
