@@ -14,6 +14,7 @@ logit layer.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 from common import emit, interleaved, medians, timed, zipf_ids
@@ -54,6 +55,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 1 step")
+    parser.add_argument("--json-out", type=Path, help="also write the JSON record to this file")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps = 2, 1
@@ -68,7 +70,8 @@ def main() -> None:
     sides = {name: (lambda step=step: timed(step, args.steps)) for name, step in steps.items()}
     for step in steps.values():  # warm-up
         timed(step, 2)
-    median = medians(interleaved(sides, args.rounds))
+    samples = interleaved(sides, args.rounds)
+    median = medians(samples)
     ratio = median["augmented"] / median["cross_entropy"]
     print(f"{'objective':<16}{'ms/step':>10}{'tok/s':>10}")
     for name, seconds in median.items():
@@ -80,7 +83,7 @@ def main() -> None:
         "ms_per_step": {k: v * 1e3 for k, v in median.items()},
         "al_over_ce": ratio,
     }
-    emit(result)
+    emit(result, args.json_out, samples=samples)
 
 
 if __name__ == "__main__":

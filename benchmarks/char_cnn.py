@@ -21,6 +21,7 @@ training step (``benchmarks/outputs.py``'s ``groc_p1`` variant).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +63,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of 1 step")
+    parser.add_argument("--json-out", type=Path, help="also write the JSON record to this file")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps = 2, 1
@@ -99,15 +101,13 @@ def main() -> None:
 
         return lambda: timed(step, args.steps, device)
 
-    ms = {
-        n: s * 1e3
-        for n, s in medians(interleaved({n: side(n) for n in names}, args.rounds)).items()
-    }
+    samples = interleaved({n: side(n) for n in names}, args.rounds)
+    ms = {n: s * 1e3 for n, s in medians(samples).items()}
     print(f"{len(words):,} words ({source}), {len(lengths):,} strings, buckets {splits}")
     for name in names:
         print(f"{name:<10}{ms[name]:>9.2f} ms  x single {ms[name] / ms['single']:.2f}")
     result = {"ms_fwd_bwd": ms, "strings": len(lengths), "device": str(device)}
-    emit(result)
+    emit(result, args.json_out, samples=samples)
     if args.profile:
         variant = Variant("groc_p1", words, lexicon, zipf_batches(len(words), 4), device)
         for _ in range(3):

@@ -63,7 +63,8 @@ def main() -> None:
         return [cached[0], *ensemble[1:]]
 
     variants = {"one_pass": seconds_of(one_pass), "two_passes": seconds_of(two_passes)}
-    median = medians(interleaved(variants, args.rounds))
+    samples = interleaved(variants, args.rounds)
+    median = medians(samples)
     ratio = median["one_pass"] / median["two_passes"]
     print(f"{'variant':<12}{'s/pass':>10}{'tok/s':>10}")
     for name, seconds in median.items():
@@ -79,7 +80,7 @@ def main() -> None:
         "seconds": median,
         "one_over_two": ratio,
     }
-    emit(result, args.json_out)
+    emit(result, args.json_out, samples=samples)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,33 @@
-"""Helpers shared by the benchmark scripts (run as ``python benchmarks/<name>.py``).
+"""The harness every benchmark script runs on (``python benchmarks/<name>.py``).
 
-The timing harness: each side of a comparison is a callable that returns one measurement
-(seconds, or units per second); :func:`interleaved` calls every side once per round in
-alternating order so that drift of the machine hits all sides alike, and :func:`median` /
-:func:`spread` summarise each side's rounds. A script ends with :func:`emit`, whose last
-stdout line is ``JSON {...}``::
+- **Options**: :func:`add_arguments` gives a script ``--quick`` (its smallest mode, which the
+  slow tests run), ``--rounds`` and ``--json-out``.
+- **Rounds and interleaving**: each side of a comparison is a callable that returns one
+  measurement (seconds, or units per second); :func:`interleaved` calls every side once per
+  round in alternating order so that drift of the machine hits all sides alike.
+- **Medians with min–max**: :func:`median`, :func:`spread` and :func:`summary` summarise each
+  side's rounds.
+- **Load average**: read when this module is imported (:data:`LOAD_BEFORE`, before the
+  script's work) and again when the record is written; :func:`warn_if_loaded` says when other
+  work competes for the cores.
+- **JSON record**: a script ends with :func:`emit`, whose last stdout line is ``JSON {...}``;
+  a dict record gets a ``harness`` entry (load average before and after, each side's median
+  with min–max when the samples are given, threads, versions)::
 
     sides = {"a": seconds_of(lambda: timed(step_a, 10)), "b": ...}
-    samples = interleaved(sides, rounds=5, warmup=1)
-    emit({"ms": {name: median(v) * 1e3 for name, v in samples.items()}}, args.json_out)
+    samples = interleaved(sides, rounds=args.rounds, warmup=1)
+    emit({"ms": {name: median(v) * 1e3 for name, v in samples.items()}}, args.json_out,
+         samples=samples)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +37,56 @@ import torch
 
 K = TypeVar("K", bound=Hashable)
 Order = Literal["abba", "rotate"]
+
+LOAD_BEFORE = os.getloadavg()[0]  # the 1-minute load average before the script's work
+
+
+def load_average() -> float:
+    """The 1-minute load average now."""
+    return os.getloadavg()[0]
+
+
+def warn_if_loaded(threshold: float = 0.5) -> None:
+    """Say on stderr when the load before the script started was ``threshold`` or more: other
+    processes compete for the cores, and timings (and ratios) will be noisy."""
+    if threshold <= LOAD_BEFORE:
+        print(
+            f"warning: load average {LOAD_BEFORE:.1f} before starting: other processes compete "
+            "for the cores; timings will be noisy",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    quick: str,
+    rounds: int | None = None,
+    quick_rounds: int | None = None,
+) -> None:
+    """The harness's options: ``--quick`` (``quick`` says what it runs), ``--json-out`` and,
+    when the script measures in rounds, ``--rounds`` (default ``rounds``; with ``--quick``,
+    ``quick_rounds``: :func:`resolve_rounds` sets it after parsing)."""
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--json-out", type=Path, help="also write the JSON record to this file")
+    if rounds is not None:
+        shown = f"; --quick: {quick_rounds}" if quick_rounds is not None else ""
+        parser.add_argument(
+            "--rounds", type=int, default=None, help=f"timed rounds (default {rounds}{shown})"
+        )
+        parser.set_defaults(default_rounds=(rounds, quick_rounds or rounds))
+
+
+def resolve_rounds(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``args.rounds`` as given, else the default of :func:`add_arguments` for this mode; at
+    least 1 (else a parser error)."""
+    if args.rounds is None:
+        full, quick = args.default_rounds
+        args.rounds = quick if args.quick else full
+    if args.rounds < 1:
+        parser.error(f"--rounds: at least 1, not {args.rounds}")
+    return args.rounds
 
 
 def zipf_ids(vocab_size: int, shape: tuple[int, ...], seed: int = 1) -> torch.Tensor:
@@ -131,16 +194,47 @@ def medians(samples: Mapping[K, Sequence[float]]) -> dict[K, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def summary(samples: Mapping[K, Sequence[float]]) -> dict[K, dict[str, float | int]]:
+    """Each side's median with its min and max over the rounds, and the number of rounds."""
+    return {
+        name: {
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+            "rounds": len(values),
+        }
+        for name, values in samples.items()
+    }
+
+
+def harness_record(samples: Mapping[Any, Sequence[float]] | None = None) -> dict[str, Any]:
+    """What the harness adds to a record: load average before and after, each side's median
+    with min–max (``samples``: side -> its rounds), threads and versions."""
+    record: dict[str, Any] = {
+        "load_average": {"before": round(LOAD_BEFORE, 2), "after": round(load_average(), 2)},
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if samples is not None:
+        record["sides"] = {str(name): value for name, value in summary(samples).items()}
+    return record
+
+
 def emit(
     result: Any,
     json_out: Path | str | None = None,
     *,
+    samples: Mapping[Any, Sequence[float]] | None = None,
     compact: bool = False,
     indent: int | None = 2,
     ensure_ascii: bool = True,
 ) -> None:
     """Print ``JSON {...}`` as the last line (``compact``: no spaces); with ``json_out``, also
-    write the object there (``indent``: None for one line)."""
+    write the object there (``indent``: None for one line). A dict ``result`` gets the
+    :func:`harness_record` under ``harness`` (with ``samples``: each side's rounds)."""
+    if isinstance(result, dict):
+        result = {**result, "harness": harness_record(samples)}
     if json_out:
         path = Path(json_out)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import emit, interleaved, median, rate, spread
+from common import LOAD_BEFORE, emit, interleaved, load_average, median, rate, spread
 from torch import nn
 from translation import (
     EOS,
@@ -402,16 +402,16 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
     torch.set_num_threads(args.threads)
-    load = os.getloadavg()
+    load = LOAD_BEFORE
     shape = preset_shape(args.shape)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '')}, "
         f"{platform.processor() or '?'}, {os.cpu_count()} cores, "
-        f"load average before the run {load[0]:.2f} {load[1]:.2f}"
+        f"load average before the run {load:.2f}"
     )
-    if load[0] >= 0.5:
+    if load >= 0.5:
         print("warning: the machine is busy; the timings are noise")
     print(
         f"shape {args.shape}: d {shape.d}, ff {shape.ff}, {shape.encoder_layers}+"
@@ -476,6 +476,7 @@ def main(argv=None) -> None:
     r = interleaved(
         {"targetlm": rate(train(ours_step)), "reference": rate(train(ref_step))}, args.rounds
     )
+    samples = {f"training {side}": v for side, v in r.items()}
     training = {
         "targetlm_tokens_per_s": median(r["targetlm"]),
         "reference_tokens_per_s": median(r["reference"]),
@@ -493,6 +494,7 @@ def main(argv=None) -> None:
         step(batches[0]), step(batches[1])
         head_steps[f"N={n}"] = rate(train(step))
     r = interleaved(head_steps, args.rounds)
+    samples |= {f"heads {side}": v for side, v in r.items()}
     used = [batches[i % len(batches)] for i in range(args.steps)]
     flops = {n: sum(step_flops(shape, b, n) for b in used) for n in (1, 2, 3)}
     base = median(r["N=1"])
@@ -563,6 +565,7 @@ def main(argv=None) -> None:
     for side in sides.values():
         side()  # warm-up
     r = interleaved(sides, args.rounds)
+    samples |= {f"decoding {side}": v for side, v in r.items()}
     ar = median(r["autoregressive nmt-tiny, beam 5"])
     decoding = {
         name: {
@@ -598,13 +601,13 @@ def main(argv=None) -> None:
             f"| {name} | {c['sentences_per_s']:,.1f} | "
             f"{c['relative_to_autoregressive_beam5']:.2f} | {c['spread']:.0%} |"
         )
-    print(f"load average after the run {os.getloadavg()[0]:.2f}")
+    print(f"load average after the run {load_average():.2f}")
     result = {
         "shape": args.shape,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
-        "load_before": load[0],
+        "load_before": load,
         "steps": args.steps,
         "rounds": args.rounds,
         "check": check,
@@ -613,7 +616,7 @@ def main(argv=None) -> None:
         "heads": heads,
         "decoding": decoding,
     }
-    emit(result, args.json_out, indent=None, ensure_ascii=False)
+    emit(result, args.json_out, samples=samples, indent=None, ensure_ascii=False)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def main() -> None:
             [prompt],
             max_tokens=args.new_tokens,
             temperature=0,
-            speculative=bool(n),
+            speculative="heads" if n else None,
         )
         encoder.kv_cache = True
         return args.new_tokens / result.seconds, result.rows[0].tokens, result.acceptance
@@ -208,7 +208,7 @@ def main() -> None:
         "tokens_per_s": median,
         "acceptance": {v: a for v, a in acceptance.items() if a is not None},
     }
-    emit(result, args.json_out)
+    emit(result, args.json_out, samples=speeds)
 
 
 if __name__ == "__main__":

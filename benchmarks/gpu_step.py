@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
 import torch
 from common import synchronize
 
@@ -197,7 +198,7 @@ def measure_side_by_side(args: argparse.Namespace, preset: str, mode: str) -> di
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="CPU stand-ins, a few seconds each")
+    common.add_arguments(parser, quick="CPU stand-ins, a few seconds each")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     parser.add_argument("--presets", default=None, help="comma-separated (default: all four)")
     parser.add_argument(
@@ -211,7 +212,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--set", action="append", default=[], help="KEY=VALUE config override (repeatable)"
     )
-    parser.add_argument("--json-out", default=None, help="also write the JSON here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cuda = args.device.startswith("cuda")
@@ -289,9 +289,7 @@ def main(argv: list[str]) -> dict[str, Any]:
         entry["compiled_mode"] = best
         report["presets"][preset] = entry
     report["max_abs_loss_diff"] = worst
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report))
+    common.emit(report, args.json_out)
     return report
 
 

@@ -97,7 +97,8 @@ def main() -> None:
         flops[name] = step_flops(model)
         timed(steps[name], 1)  # warm-up
     sides = {name: (lambda step=steps[name]: timed(step, args.steps)) for name in names}
-    median = medians(interleaved(sides, args.rounds, order="rotate"))
+    samples = interleaved(sides, args.rounds, order="rotate")
+    median = medians(samples)
     base = median["baseline"]
     print(f"{'variant':<12}{'ms/step':>10}{'ratio':>8}{'FLOP ratio':>12}")
     rows = {}
@@ -112,7 +113,7 @@ def main() -> None:
         "steps": args.steps,
         "variants": rows,
     }
-    emit(result, args.json_out)
+    emit(result, args.json_out, samples=samples)
 
 
 if __name__ == "__main__":

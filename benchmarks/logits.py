@@ -36,6 +36,8 @@ import subprocess
 import sys
 import time
 
+import common
+
 LOSSES = ("ce", "ce_ls", "al", "ngram", "wdr")
 
 
@@ -91,6 +93,7 @@ def worker(case: dict) -> dict:
         **case,
         "memory_mib": _max_rss_mib() - baseline,
         "seconds": min(times[1:]) if case["steps"] else None,
+        "times": times[1:],
         "chunked": ngram.uses_chunked(M * n, V),
     }
 
@@ -126,10 +129,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--chunk-tokens", type=int, default=256)
     parser.add_argument("--chunk-vocab", type=int, default=65_536)
-    parser.add_argument("--json-out", default="")
-    parser.add_argument(
-        "--quick", action="store_true", help="smoke run: ce, V 2,000, M 1,024, d 64, one step"
-    )
+    common.add_arguments(parser, quick="smoke run: ce, V 2,000, M 1,024, d 64, one step")
     args = parser.parse_args()
     if args.quick:
         args.losses, args.vocab, args.tokens, args.dims, args.steps = "ce", [2000], [1024], [64], 1
@@ -140,7 +140,7 @@ def main() -> None:
     unknown = set(losses) - set(LOSSES)
     if unknown:
         parser.error(f"unknown losses {sorted(unknown)}; choose from {', '.join(LOSSES)}")
-    print(f"load average before: {os.getloadavg()[0]:.2f}; threads {args.threads}", flush=True)
+    print(f"load average before: {common.LOAD_BEFORE:.2f}; threads {args.threads}", flush=True)
     rows = []
     started = time.perf_counter()
     grid = [
@@ -161,7 +161,7 @@ def main() -> None:
             "chunk_tokens": args.chunk_tokens,
             "chunk_vocab": args.chunk_vocab,
         }
-        order = ("full", "chunked") if index % 2 == 0 else ("chunked", "full")  # ABBA
+        order = common.round_order(("full", "chunked"), index)  # ABBA
         result = {impl: run_case({**case, "impl": impl}) for impl in order}
         rows.append(result)
         full, chunked = result["full"], result["chunked"]
@@ -189,10 +189,15 @@ def main() -> None:
         "chunk": [args.chunk_tokens, args.chunk_vocab],
         "rows": summary,
     }
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as file:
-            json.dump(result, file, indent=1)
-    print("JSON " + json.dumps(result))
+    samples = {
+        f"{r[impl]['loss']} V={r[impl]['vocab']} M={r[impl]['tokens']} d={r[impl]['dim']} {impl}": (
+            r[impl]["times"]
+        )
+        for r in rows
+        for impl in ("full", "chunked")
+        if r[impl]["times"]
+    }
+    common.emit(result, args.json_out, samples=samples or None, indent=1)
 
 
 def table(rows: list[dict]) -> str:

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 
+import common
+
 SHAPE = {"vocab": 49_152, "dim": 576, "layers": 30, "heads": 9, "ff": 2_304, "context": 1_024}
 QUICK_SHAPE = {
     **SHAPE,
@@ -105,19 +107,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-gib", type=float, default=24.0)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke run: a 2-layer, 4k-vocabulary, 128-token stand-in",
-    )
+    common.add_arguments(parser, quick="smoke run: a 2-layer, 4k-vocabulary, 128-token stand-in")
     args = parser.parse_args()
     shape = QUICK_SHAPE if args.quick else SHAPE
     if args.worker:
         print("RESULT " + json.dumps(worker(json.loads(args.worker))))
         return
     results = []
-    for rows in [int(r) for r in args.rows.split(",")]:
-        for impl in args.impls.split(","):
+    for index, rows in enumerate(int(r) for r in args.rows.split(",")):
+        for impl in common.round_order(args.impls.split(","), index):  # ABBA
             case = {"rows": rows, "impl": impl, "threads": args.threads}
             if args.quick:
                 case["shape"] = shape
@@ -150,7 +148,7 @@ def main() -> None:
                 f"tokens per step fit {args.budget_gib:g} GiB beyond the model and Adam "
                 "(linear extrapolation)"
             )
-    print("JSON " + json.dumps(results))
+    common.emit({"shape": shape, "results": results}, args.json_out, indent=1)
 
 
 if __name__ == "__main__":

@@ -158,7 +158,9 @@ def main() -> None:
         "torch": torch.__version__,
         "results": rows,
     }
-    emit(result, args.out)
+    emit(
+        result, args.out, samples={f"{level} {variant}": v for (level, variant), v in times.items()}
+    )
 
 
 if __name__ == "__main__":

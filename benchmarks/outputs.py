@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import common
 import torch
 from common import emit, interleaved, medians, spread, timed, zipf_ids
 
@@ -151,9 +152,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     names = args.variants.split(",")
     if "tied" not in names:
         names.insert(0, "tied")
-    load = os.getloadavg()[0]
-    if load >= 0.5:
-        log(f"warning: load average {load:.1f} before starting: timings will be noisy")
+    common.warn_if_loaded()
     words, lexicon, source = vocabulary(args.data)
     batches = zipf_batches(len(words), 8)
     log(f"{len(words):,} words ({source}); building {len(names)} models ...")
@@ -186,12 +185,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rounds": args.rounds,
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-        "load_average_before": load,
+        "load_average_before": common.LOAD_BEFORE,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    emit(result, args.json_out, compact=True)
+    emit(result, args.json_out, samples=samples, compact=True)
     return result
 
 

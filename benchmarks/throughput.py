@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm.builders import validate
+from targetlm.builders import load_config, validate
 from targetlm.config import ComponentConfig, Config, DataConfig, ModelConfig, TrainConfig
 from targetlm.inference.evaluate import evaluate_stream
 from targetlm.modules import build_model
@@ -141,25 +141,45 @@ class Spec:
         )
 
 
+def spec_from_preset(name: str, preset: str, **timing: float) -> Spec:
+    """The configuration of preset ``configs/<preset>.toml``: its batch, segment, sizes, layers,
+    initialisation, learning rate and clipping (``timing`` replaces the last two where the
+    preset's optimiser is not SGD). Everything else is the benchmark's: dropout 0, SGD at a
+    constant rate, random ids, so that the reference does the same math."""
+    config = load_config(PRESETS / f"{preset}.toml")
+    embedding, encoder = config.model.embedding.options, config.model.encoder.options
+    kind = config.model.encoder.kind
+    if kind not in ("lstm", "transformer"):
+        raise ValueError(f"{preset}: the benchmark times lstm and transformer encoders, not {kind}")
+    if kind == "lstm" and encoder["hidden_size"] != embedding["size"]:
+        raise ValueError(f"{preset}: the reference LSTM needs embedding size = hidden size")
+    values: dict[str, float] = {"lr": config.train.lr, "clip": config.train.clip, **timing}
+    return Spec(
+        name,
+        kind,
+        config.data.batch_size,
+        config.data.bptt,
+        embedding["size"],
+        encoder["num_layers"],
+        init_range=embedding["init_range"],
+        lr=values["lr"],
+        clip=values["clip"],
+        heads=encoder.get("num_heads", 0),
+        ff_size=encoder.get("ff_size", 0),
+    )
+
+
+PRESETS = Path(__file__).resolve().parent.parent / "configs"
 SPECS: dict[str, Spec] = {
     # Zaremba et al. (2014) small: 200-d embedding, 2x200 LSTM, untied 10k output
-    "lstm-small": Spec("lstm-small", "lstm", 20, 35, 200, 2, init_range=0.1, lr=1.0, clip=5.0),
-    # Zaremba et al. (2014) medium: 2x650 LSTM, untied (its dropout 0.5 is off for timing)
-    "lstm-medium": Spec("lstm-medium", "lstm", 20, 35, 650, 2, init_range=0.05, lr=1.0, clip=5.0),
-    # Heo et al. small decoder Transformer: d 256, d_ff 2100, 6 layers, 4 heads, tied output
-    "tf-small": Spec(
-        "tf-small",
-        "transformer",
-        16,
-        256,
-        256,
-        6,
-        init_range=0.02,
-        lr=0.1,
-        clip=1.0,
-        heads=4,
-        ff_size=2100,
-    ),
+    "lstm-small": spec_from_preset("lstm-small", "zaremba-small-ptb"),
+    # Zaremba et al.'s medium size (Inan et al.'s medium base): 2x650 LSTM, untied, its
+    # dropout off for timing
+    "lstm-medium": spec_from_preset("lstm-medium", "inan-medium-ptb-base"),
+    # Heo et al. small decoder Transformer: d 256, d_ff 2100, 6 layers, 4 heads, tied output;
+    # timed pre-LN with GELU (nn.TransformerEncoderLayer's fast path on the reference side)
+    # and with SGD (lr 0.1, clip 1) in place of the preset's Adam
+    "tf-small": spec_from_preset("tf-small", "tf-small-ptb-base", lr=0.1, clip=1.0),
 }
 
 
@@ -442,6 +462,7 @@ class Row:
     flops_per_token: float  # model FLOPs per token in this mode (training: 3x forward)
     tok_s: dict[str, float]  # median per side
     spread: dict[str, float]  # (max - min) / median per side
+    samples: dict[str, list[float]]  # each side's tokens/s per round
 
     @property
     def ratio(self) -> float:
@@ -473,6 +494,7 @@ def measure(spec: Spec, rounds: int, round_seconds: float, workdir: Path) -> lis
                 flops_per_token=forward_flops_per_token(spec) * (3 if mode == "train" else 1),
                 tok_s=median,
                 spread={name: common.spread(v) for name, v in samples.items()},
+                samples=samples,
             )
         )
         seconds = time.perf_counter() - start
@@ -501,7 +523,7 @@ def table(rows: list[Row], peak: float) -> str:
 
 
 def summary(
-    rows: list[Row], peak: float, args: argparse.Namespace, specs: list[Spec], load: float
+    rows: list[Row], peak: float, args: argparse.Namespace, specs: list[Spec]
 ) -> dict[str, Any]:
     """The JSON object: every ratio and MFU, the measured peak, the goals."""
     results: dict[str, dict[str, Any]] = {}
@@ -534,7 +556,7 @@ def summary(
             "lstm_mfu_ge_0.6": min(lstm_mfu) >= GOAL_LSTM_MFU if lstm_mfu else None,
         },
         "threads": torch.get_num_threads(),
-        "load_average_before": round(load, 2),
+        "load_average_before": round(common.LOAD_BEFORE, 2),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "quick": args.quick,
         "rounds": args.rounds,
@@ -548,8 +570,8 @@ def summary(
 # --- command line --------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="a few steps only (smoke test, < 60 s)"
+    common.add_arguments(
+        parser, quick="a few steps only (smoke test, < 60 s)", rounds=5, quick_rounds=2
     )
     parser.add_argument(
         "--configs", default=",".join(SPECS), help=f"comma-separated subset of {', '.join(SPECS)}"
@@ -557,7 +579,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)"
     )
-    parser.add_argument("--json-out", type=Path, help="also write the JSON object to this file")
     parser.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
@@ -565,7 +586,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="wall time (default) or this process's CPU time (a machine shared with other "
         "work; meaningful with --threads 1)",
     )
-    parser.add_argument("--rounds", type=int, help="timed rounds per side (default 5; --quick: 2)")
     parser.add_argument(
         "--round-seconds",
         type=float,
@@ -575,7 +595,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tf-shape", help="Transformer batch x block (default 16x256; --quick: 4x64)"
     )
     args = parser.parse_args(argv)
-    args.rounds = args.rounds or (2 if args.quick else 5)
+    common.resolve_rounds(args, parser)
     if args.round_seconds is None:
         args.round_seconds = 0.0 if args.quick else 2.0
     args.tf_shape = args.tf_shape or ("4x64" if args.quick else "16x256")
@@ -605,13 +625,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for s in specs
     ]
     peak_repeats = 3 if args.quick else 5
-    load = os.getloadavg()[0]  # 1-minute load before we start: other work on the machine
-    if load >= 0.5:
-        log(
-            f"warning: load average {load:.1f} before starting: other processes compete for the "
-            "cores and torch's spinning OpenMP threads slow down badly under contention; "
-            "timings (and ratios) will be noisy"
-        )
+    common.warn_if_loaded()  # torch's spinning OpenMP threads slow down badly under contention
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads; fp32 matmul peak ...")
     peak = matmul_peak(repeats=peak_repeats)
     rows: list[Row] = []
@@ -619,14 +633,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for spec in specs:
             rows += measure(spec, args.rounds, args.round_seconds, Path(tmp))
     peak = max(peak, matmul_peak(repeats=peak_repeats))  # again at the end: the best seen
-    result = summary(rows, peak, args, specs, load)
+    result = summary(rows, peak, args, specs)
     print(table(rows, peak))
     print(
         f"\nfp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^3, best of {2 * peak_repeats}); "
         f"{args.rounds} rounds per side, median tok/s; attention FLOPs over the full T x T; "
         "spread = (max - min) / median over rounds"
     )
-    common.emit(result, args.json_out, compact=True)
+    samples = {f"{r.config} {r.mode} {side}": v for r in rows for side, v in r.samples.items()}
+    common.emit(result, args.json_out, samples=samples, compact=True)
     return result
 
 

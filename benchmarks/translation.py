@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import emit, interleaved, median, rate, spread
+from common import LOAD_BEFORE, emit, interleaved, load_average, median, rate, spread
 from torch import nn
 
 from targetlm.config import ComponentConfig, ModelConfig
@@ -369,12 +369,12 @@ def main(argv=None) -> None:
     # the reference encoder's eval fast path (nested tensors) warns that they are a prototype
     warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors")
     torch.set_num_threads(args.threads)
-    load = os.getloadavg()
+    load = LOAD_BEFORE
     shape = preset_shape(args.shape)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')}, {platform.processor() or '?'}, "
-        f"{os.cpu_count()} cores, load average before the run {load[0]:.2f} {load[1]:.2f}"
+        f"{os.cpu_count()} cores, load average before the run {load:.2f}"
     )
     print(
         f"shape {args.shape}: d {shape.d}, ff {shape.ff}, {shape.encoder_layers}+"
@@ -483,9 +483,7 @@ def main(argv=None) -> None:
     results.append(("greedy sentences/s (ref: MHA over cached inputs)", ours, median(r["mha"])))
     spreads["greedy"] = r
     log("beam 5")
-    run = rate(ours_decode(beam))
-    run()
-    r = [run() for _ in range(max(1, args.rounds - 1))]
+    r = interleaved({"t": rate(ours_decode(beam))}, max(1, args.rounds - 1), warmup=1)["t"]
     results.append(("beam 5 sentences/s", median(r), None))
     spreads["beam 5"] = {"t": r}
     if not args.no_ensemble:
@@ -498,9 +496,8 @@ def main(argv=None) -> None:
         ensemble = DecodeOptions(
             beam=5, max_len_a=0.0, max_len_b=args.decode_len, ensemble_lambda=0.5
         )
-        run = rate(ours_decode(ensemble, with_heads))
-        run()
-        r = [run() for _ in range(max(1, args.rounds - 1))]
+        side = rate(ours_decode(ensemble, with_heads))
+        r = interleaved({"t": side}, max(1, args.rounds - 1), warmup=1)["t"]
         results.append(("beam 5 + ensemble (WDR n=3, λ 0.5) sentences/s", median(r), None))
         spreads["beam 5 + ensemble"] = {"t": r}
 
@@ -516,7 +513,7 @@ def main(argv=None) -> None:
     for case, r in spreads.items():
         text = ", ".join(f"{side} {spread(v):.0%}" for side, v in r.items())
         print(f"spread (max − min) / median, {case}: {text}")
-    print(f"load average after the run {os.getloadavg()[0]:.2f}")
+    print(f"load average after the run {load_average():.2f}")
     result = {
         "shape": args.shape,
         "threads": torch.get_num_threads(),
@@ -528,7 +525,8 @@ def main(argv=None) -> None:
         ],
         "spread": {case: {side: spread(v) for side, v in r.items()} for case, r in spreads.items()},
     }
-    emit(result, args.json_out, ensure_ascii=False)
+    samples = {f"{case} {side}": v for case, r in spreads.items() for side, v in r.items()}
+    emit(result, args.json_out, samples=samples, ensure_ascii=False)
 
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
