@@ -10,13 +10,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, cast, overload
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from targetlm.modules import kv_cache as kv_states
+from targetlm.modules.kv_cache import (
+    KeyValue,
+    RaggedState,
+    TransformerState,
+    split_state,
+    write_columns,
+)
 from targetlm.registry import Fraction, Positive, Registry, Size
 
 ENCODERS: Registry[Encoder] = Registry("encoder", context=("input_size",))
@@ -344,7 +352,7 @@ class CausalTransformer(Encoder):
             raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
         if isinstance(state, RaggedState):
             return self._forward_ragged(x, state)
-        past, cache = (None, None) if state is None else _split_state(state)
+        past, cache = (None, None) if state is None else split_state(state)
         cached = not self.training and self.kv_cache
         if (
             cached
@@ -383,72 +391,24 @@ class CausalTransformer(Encoder):
     def rewind(
         self, state: torch.Tensor | TransformerState | None, n: int
     ) -> TransformerState | None:
-        """The state as if its last ``n`` tokens had not been read, or None where that is
-        unknown: only a cached state (eval mode, window not slid) holding more than ``n``
-        tokens keeps what reading fewer tokens would have given (the same window start)."""
-        if state is None:
-            return None
-        past, cache = _split_state(state)
-        if cache is None or not 0 <= n < past.size(1):
-            return None
-        if n == 0:
-            return past, cache
-        return past[:, :-n], tuple((k[:, :, :-n], v[:, :, :-n]) for k, v in cache)
+        """:func:`targetlm.modules.kv_cache.rewind` (drop the last ``n`` tokens)."""
+        return kv_states.rewind(state, n)
 
     def rewind_rows(
         self, state: torch.Tensor | TransformerState | RaggedState | None, counts: torch.Tensor
     ) -> RaggedState | None:
-        """The state as if row b had not read its last ``counts[b]`` tokens ((B,) long), or
-        None where that is unknown (no cached keys and values, or more tokens than a row
-        holds). Only the lengths change: the dropped keys and values stay, masked."""
-        ragged = _as_ragged(state)
-        if ragged is None or ragged.keys_values is None:
-            return None
-        lengths = ragged.lengths - counts.to(ragged.lengths)
-        if bool((lengths < 1).any()):
-            return None
-        return RaggedState(ragged.inputs, lengths, ragged.keys_values)
+        """:func:`targetlm.modules.kv_cache.rewind_rows` (drop each row's last tokens)."""
+        return kv_states.rewind_rows(state, counts)
 
     def select_rows(
         self, state: torch.Tensor | TransformerState | RaggedState | None, rows: torch.Tensor
     ) -> torch.Tensor | TransformerState | RaggedState | None:
-        """The state of batch rows ``rows`` (B',) only, in that order."""
-        if state is None or isinstance(state, torch.Tensor):
-            return None if state is None else state[rows]
-        if isinstance(state, RaggedState):
-            cache = state.keys_values
-            return RaggedState(
-                state.inputs[rows],
-                state.lengths[rows],
-                None if cache is None else tuple((k[rows], v[rows]) for k, v in cache),
-            )
-        past, cache = _split_state(state)
-        return past[rows], tuple((k[rows], v[rows]) for k, v in cache)
+        """:func:`targetlm.modules.kv_cache.select_rows` (keep rows ``rows``)."""
+        return kv_states.select_rows(state, rows)
 
     def concat_rows(self, states: Sequence) -> RaggedState:
-        """One state whose rows are those of ``states`` one after the other (a
-        :class:`RaggedState`; cached keys and values only if every part has them)."""
-        parts: list[RaggedState] = []
-        for s in states:
-            part = _as_ragged(s)
-            if part is None:
-                raise ValueError("concat_rows: a state of no tokens has no rows")
-            parts.append(part)
-        width = max(p.inputs.size(1) for p in parts)
-        inputs = torch.cat([F.pad(p.inputs, (0, 0, 0, width - p.inputs.size(1))) for p in parts])
-        lengths = torch.cat([p.lengths for p in parts])
-        caches = [p.keys_values for p in parts if p.keys_values is not None]
-        if len(caches) < len(parts):
-            return RaggedState(inputs, lengths, None)
-        cache: list[KeyValue] = []
-        for layer in range(len(caches[0])):
-            pairs = [part_cache[layer] for part_cache in caches]
-            keys, values = (
-                torch.cat([F.pad(kv[i], (0, 0, 0, width - kv[i].size(2))) for kv in pairs])
-                for i in (0, 1)
-            )
-            cache.append((keys, values))
-        return RaggedState(inputs, lengths, tuple(cache))
+        """:func:`targetlm.modules.kv_cache.concat_rows` (the rows of every state)."""
+        return kv_states.concat_rows(states)
 
     def _forward_ragged(
         self, x: torch.Tensor, state: RaggedState
@@ -475,7 +435,7 @@ class CausalTransformer(Encoder):
                 positions = self.positions[where]
                 # query i of row b sees keys 0..lengths[b] + i (later: other drafts, padding)
                 mask = (torch.arange(longest, device=x.device) <= where[..., None])[:, None]
-            stream = _write_columns(state.inputs, x, where, longest, 1, self.max_context)
+            stream = write_columns(state.inputs, x, where, longest, 1, self.max_context)
             h = self.drop(self.input_map(x) + positions)
             keys_values = []
             for block, kv in zip(self.blocks, cache):
@@ -483,7 +443,7 @@ class CausalTransformer(Encoder):
                 keys_values.append(kv)
             return self.norm(h), RaggedState(stream, total, tuple(keys_values))
         columns = state.lengths[:, None] + offsets
-        stream = _write_columns(state.inputs, x, columns, longest)  # (B, longest, ·)
+        stream = write_columns(state.inputs, x, columns, longest)  # (B, longest, ·)
         # some row's window slides (or nothing is cached): every row reads its own last
         # max_context inputs from position 0, left-aligned (padding after them is not seen)
         window = total.clamp(max=self.max_context)  # (B,)
@@ -507,97 +467,6 @@ class CausalTransformer(Encoder):
         )
         inputs = windows.gather(1, kept[..., None].expand(-1, -1, windows.size(2)))
         return hidden, RaggedState(inputs.detach(), keep, None)
-
-
-@dataclass
-class RaggedState:
-    """A :class:`CausalTransformer` state whose rows hold different numbers of tokens: row b's
-    window is its first ``lengths[b]`` inputs (and, when cached, keys and values); what lies
-    after them is padding or dropped drafts, never attended to.
-
-    inputs: (B, L, input_size); lengths: (B,) long, each ≥ 1; keys_values: per layer keys and
-    values, each (B, heads, L', d/heads) with L' ≥ every length, or None (the next read
-    recomputes every row's window).
-    """
-
-    inputs: torch.Tensor
-    lengths: torch.Tensor
-    keys_values: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None
-
-
-def _as_ragged(state) -> RaggedState | None:
-    """Any transformer state as a :class:`RaggedState` (None: no tokens read yet)."""
-    if state is None or isinstance(state, RaggedState):
-        return state
-    past, cache = _split_state(state)
-    lengths = torch.full((past.size(0),), past.size(1), dtype=torch.long, device=past.device)
-    return RaggedState(past, lengths, cache)
-
-
-def _write_columns(
-    cache: torch.Tensor,
-    new: torch.Tensor,
-    columns: torch.Tensor | int,
-    width: int,
-    dim: int = 1,
-    room: int | None = None,
-) -> torch.Tensor:
-    """``cache`` (rows first, positions on ``dim``) with row b's ``new`` positions (T of them,
-    on the same ``dim``) written at ``columns[b]`` ((B, T) long), or, an int, at every row's
-    positions ``columns``..``columns + T − 1``.
-
-    ``room`` None: a copy cut or padded to ``width`` positions. ``room`` (the most positions a
-    state holds): written in place when ``cache`` holds ``width`` positions already (only
-    positions at or after a row's length change: padding or dropped drafts, which no state
-    reads), else a copy with room to grow (twice the positions, at most ``room``, at least
-    ``width``); without autograd only (a tensor that needs gradients is copied)."""
-    in_place = (
-        room is not None
-        and cache.size(dim) >= width
-        and not (torch.is_grad_enabled() and (cache.requires_grad or new.requires_grad))
-    )
-    if in_place:
-        out = cache
-    else:
-        shape = list(cache.shape)
-        if room is not None:
-            width = max(width, min(room, 2 * cache.size(dim)))
-        shape[dim] = width
-        out = cache.new_zeros(shape)
-        kept = min(width, cache.size(dim))
-        out.narrow(dim, 0, kept).copy_(cache.narrow(dim, 0, kept))
-    if isinstance(columns, int):
-        out.narrow(dim, columns, new.size(dim)).copy_(new)
-        return out
-    view = [columns.size(0)] + [1] * (new.dim() - 1)
-    view[dim] = columns.size(1)
-    out.scatter_(dim, columns.view(view).expand_as(new), new.to(out.dtype))
-    return out
-
-
-KeyValue = tuple[torch.Tensor, torch.Tensor]  # keys and values, each (B, heads, L, d/heads)
-TransformerState = tuple[torch.Tensor, tuple[KeyValue, ...]]  # (window inputs, per-layer cache)
-
-
-@overload
-def _split_state(state: torch.Tensor) -> tuple[torch.Tensor, None]: ...
-
-
-@overload
-def _split_state(state: TransformerState) -> tuple[torch.Tensor, tuple[KeyValue, ...]]: ...
-
-
-def _split_state(
-    state: torch.Tensor | TransformerState | RaggedState,
-) -> tuple[torch.Tensor, tuple[KeyValue, ...] | None]:
-    """A transformer state as (window inputs (B, P, input_size), per-layer keys and values or
-    None); a checkpointed state comes back as lists (``state_to_list``)."""
-    if isinstance(state, torch.Tensor):
-        return state, None
-    if isinstance(state, RaggedState):
-        raise ValueError("a state with rows of different lengths has no common window")
-    past, cache = state
-    return past, tuple((k, v) for k, v in cache)
 
 
 class TransformerBlock(nn.Module):
@@ -645,7 +514,7 @@ class TransformerBlock(nn.Module):
         attended to (default: the mask's), and ``mask`` (B, 1, T, L) or (T, L), the keys each
         query sees (None: all L); the keys/values returned are ``past`` with the new ones
         written there (at least L positions; with ``room``, the most positions a state holds,
-        written in place where ``past`` has room, see ``_write_columns``)."""
+        written in place where ``past`` has room, see :func:`~targetlm.modules.kv_cache.write_columns`)."""
         if self.pre_norm:
             attended, kv = self._attend(self.norm1(x), past, columns, mask, room, width)
             x = x + attended
@@ -676,8 +545,8 @@ class TransformerBlock(nn.Module):
             width = mask.size(-1) if width is None and mask is not None else width
             assert width is not None
             kv = (
-                _write_columns(past[0], k, columns, width, 2, room),
-                _write_columns(past[1], v, columns, width, 2, room),
+                write_columns(past[0], k, columns, width, 2, room),
+                write_columns(past[1], v, columns, width, 2, room),
             )
             k, v = kv[0][:, :, :width], kv[1][:, :, :width]  # the keys the mask covers
         elif past is not None:
