@@ -36,7 +36,7 @@ post_attention_layernorm, mlp.{gate,up,down}_proj}``, ``norm`` and the ``d2t`` b
   ensemble and drafting see one distribution. An export writes ``lm_head.weight`` as those
   rows and ``t2d`` from ``d2t`` (:meth:`EagleHead.target_mask`).
 - attention covers the last ``window`` columns (EAGLE: the whole prefix), so drafting caches a
-  bounded number of keys per row and a stream read in segments sees what one segment sees.
+  bounded number of keys per row.
 
 ``o_proj`` and ``down_proj`` start at zero and ``fc`` at the identity, so an untrained head
 passes its input through the layer (like the other kinds, which start as the identity).
