@@ -191,6 +191,13 @@ def test_the_picture_of_the_layers_places_every_module_once():
     )
 
 
+def test_the_readme_draws_the_same_layers():
+    readme = (ROOT.parent.parent / "README.md").read_text(encoding="utf-8")
+    block = (targetlm.__doc__ or "").split("::\n\n", 1)[-1].split("\n\n", 1)[0]
+    picture = "\n".join(line.removeprefix("    ") for line in block.splitlines())
+    assert f"```\n{picture}\n```" in readme
+
+
 def test_no_import_runs_back_up_the_layers():
     """Lazy imports and imports for types count: 0 arrows run from a layer to one above it."""
     assert arrows_back_up(import_graph(type_checking=True), layers()) == []

@@ -4,7 +4,7 @@ The layers of the package, top to bottom. A module imports only from its own lay
 layers below it, never from a layer above (``tests/test_layering.py`` reads this picture and
 checks every import of the package against it, lazy imports inside functions included)::
 
-    cli · __main__                             the commands, ``python -m targetlm``
+    cli · __main__                             the commands and python -m targetlm
     training                                   the trainer, its step, checkpointer, optimisers, DDP
     analysis · runs · compare                  reports and measurements; finished runs read back
     builders · extras                          a config wired into components by the registries
