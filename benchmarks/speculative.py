@@ -32,8 +32,9 @@ otherwise); transformers' rows that differ are counted (fp32 ties).
 
 ``--quick``: a tiny random Llama body (transformers) with random ``mtp`` heads, 16 new tokens,
 2 rounds, one thread: a smoke run of every arm. The last stdout line is ``JSON {...}``
-(``common.emit``; also written to ``--json-out``): the arms' table under ``arms``, the load
-average before and after, the command and the versions.
+(``common.emit``; also written to ``--json-out``): the arms' table under ``arms``, the command
+and the versions, and the harness's record (load average before and after, every arm's rounds
+as median and min–max).
 """
 
 from __future__ import annotations
@@ -52,7 +53,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, interleaved, median  # noqa: E402
+from common import (  # noqa: E402
+    add_arguments,
+    emit,
+    interleaved,
+    load_average,
+    median,
+    resolve_rounds,
+    warn_if_loaded,
+)
 
 from targetlm.data import read_lines  # noqa: E402
 from targetlm.inference.generate import generate_batch  # noqa: E402
@@ -354,15 +363,19 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=integers, default=[1, 4], help="batch sizes, e.g. 1,4")
     p.add_argument("--prompts", type=int, default=4, help="prompts from the test split")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds after one warm-up")
     p.add_argument("--lookup-tokens", type=int, help="our lookup's draft (default: its own, 10)")
     p.add_argument("--hf-lookup-tokens", type=integers, default=[3, 10])
     p.add_argument("--no-hf-peers", action="store_true", help="skip transformers' generate")
-    p.add_argument("--json-out", type=Path, help="write the JSON record here too")
-    p.add_argument("--quick", action="store_true", help="tiny random Llama: a smoke run")
+    add_arguments(
+        p,
+        quick="a tiny random Llama with mtp heads: every arm, 16 tokens, one thread",
+        rounds=5,
+        quick_rounds=2,
+    )
     args = p.parse_args(argv)
+    resolve_rounds(args, p)
     if args.quick:
-        args.new_tokens, args.rounds, args.threads = 16, 2, [1]
+        args.new_tokens, args.threads = 16, [1]
     elif args.run is None and not args.heads:
         p.error("--run or --heads is required (or --quick)")
     return args
@@ -370,7 +383,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(argv)
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    warn_if_loaded()
     if args.quick:
         vocab, body, prompts = quick_models()
         heads = {"mtp (random)": body}
@@ -394,12 +407,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         records.append(report(arm, speeds, cpu, outcomes, greedy, hf_greedy))
     identical = all(r["differing_rows"] == 0 for r in records if not r["arm"].startswith("hf "))
     table(records)
-    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(
         f"\n{len(prompts)} prompts, {args.new_tokens} new tokens, median of {args.rounds} "
-        f"rounds after a warm-up ({seconds:.0f} s); load average {load_before} before, "
-        f"{load_after} after; our outputs identical to our greedy: "
-        f"{'yes' if identical else 'NO'}"
+        f"rounds after a warm-up ({seconds:.0f} s), load average {load_average():.1f} after; "
+        f"our outputs identical to our greedy: {'yes' if identical else 'NO'}"
     )
     result = {
         "identical": identical,
@@ -407,8 +418,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         "prompts": len(prompts),
         "new_tokens": args.new_tokens,
         "rounds": args.rounds,
-        "load_average_before": load_before,
-        "load_average_after": load_after,
         "seconds_of_rounds": seconds,
         "environment": {
             "argv": sys.argv[1:] if argv is None else list(argv),
@@ -421,10 +430,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         },
     }
+    emit(result, args.json_out, samples=speeds)
     if not identical:
-        emit(result, args.json_out)
         raise SystemExit("our speculative outputs differ from our greedy decoding's")
-    emit(result, args.json_out)
 
 
 def _version(package: str) -> str | None:
