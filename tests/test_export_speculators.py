@@ -17,7 +17,6 @@ embeddings) written locally: no download.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
@@ -44,10 +43,6 @@ try:
 except ImportError as error:
     SPECULATORS = f"speculators is not installed ({error}): bash scripts/setup.sh --serve"
 needs_speculators = pytest.mark.skipif(SPECULATORS is not None, reason=SPECULATORS or "")
-EAGLE_KIND = importlib.util.find_spec("targetlm.modules.eagle") is not None
-needs_eagle = pytest.mark.skipif(not EAGLE_KIND, reason="no eagle head kind in this tree")
-if EAGLE_KIND:
-    import targetlm.modules.eagle  # noqa: F401 (registers the head kind)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +144,6 @@ def _speculators_draft_logits(directory: Path, hidden, ids, steps: int) -> list[
     return captured
 
 
-@needs_eagle
 @needs_speculators
 @pytest.mark.parametrize("draft_vocab", [None, 40])
 def test_eagle_heads_load_in_speculators_and_draft_our_logits(base, tmp_path, draft_vocab):
@@ -252,7 +246,6 @@ def _one_error_line(capsys) -> str:
     return err
 
 
-@needs_eagle
 def test_export_speculators_through_the_cli_names_the_run_exported_as_its_verifier(
     eagle_run, tmp_path, capsys
 ):
@@ -373,7 +366,6 @@ def test_heads_without_a_speculators_form_are_one_line_and_nothing_written(
     assert "\n" not in str(error.value) and not out.exists()
 
 
-@needs_eagle
 def test_a_draft_vocabulary_larger_than_the_vocabulary_is_one_line_and_nothing_written(
     base, tmp_path
 ):

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from targetlm.modules.eagle import EagleHead, EagleLayer
 from targetlm.modules.heads import MedusaHeads, NgramHeads, ResBlock, SequentialMtpHeads
 from targetlm.modules.hf import HfEncoder, _disk_full_reason, recover_export
 from targetlm.registry import ConfigError
@@ -116,13 +117,14 @@ def _verifier_entry(verifier: str, architectures: list[str]) -> dict[str, Any]:
 
 
 def _eagle_checkpoint(
-    model: LanguageModel, heads: Any, verifier: str, architectures: list[str]
+    model: LanguageModel, heads: EagleHead, verifier: str, architectures: list[str]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     encoder = _body(model, "speculators")
     weight = _output(model, "speculators")
     vocab, d = weight.shape
     body_config = encoder.body.config
     layer = heads.layers[0]
+    assert isinstance(layer, EagleLayer)
     attention = layer.self_attn
     ids = heads.draft_ids(vocab)  # an error when the draft vocabulary does not fit
     tensors = {
@@ -237,7 +239,7 @@ def draft_checkpoint(
                 "holds medusa heads (eagle heads: --format speculators)"
             )
         return _medusa_checkpoint(model, heads, verifier, architectures)
-    if kind == "eagle":
+    if isinstance(heads, EagleHead):
         return _eagle_checkpoint(model, heads, verifier, architectures)
     if isinstance(heads, SequentialMtpHeads):
         raise ConfigError(
