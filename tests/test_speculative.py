@@ -163,12 +163,14 @@ def _speculation_cases() -> list:
 @pytest.mark.parametrize(("batch", "kind", "encoder"), _speculation_cases())
 def test_speculative_decoding_equals_greedy(encoder, kind, batch):
     """Prompts of different lengths, random heads (mostly wrong: a wrongly accepted draft
-    would change the text), the Transformer's window sliding before the end; the heads alone
-    and with prompt lookup."""
+    would change the text), the Transformer's window sliding before the end; the heads alone,
+    and with prompt lookup (whose longer drafts make the heads' drafter follow rows that keep
+    more tokens a step than it drafts) at batch 1 and on the Transformer at batch 4."""
     model = lm(encoder, kind, 4, seed=batch)
     prompts = PROMPTS[:batch]
     greedy = generate_batch(model, VOCAB, prompts, max_tokens=40, temperature=0)
-    for speculation in ("heads", "both"):
+    combined = batch == 1 or encoder == "transformer"
+    for speculation in ("heads", "both") if combined else ("heads",):
         fast = generate_batch(model, VOCAB, prompts, 40, temperature=0, speculative=speculation)
         assert tokens(fast) == tokens(greedy)
         assert all(len(row) == 40 for row in tokens(fast))

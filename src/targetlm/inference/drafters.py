@@ -165,7 +165,8 @@ class CombinedDrafter:
         break_even: float = HEADS_BREAK_EVEN,
         trial: int = HEADS_TRIAL,
     ) -> None:
-        self.lookup, self.heads = lookup, heads
+        self.lookup = lookup
+        self.heads: Drafter | None = heads  # None once they no longer pay
         self.length = max(lookup.length, heads.length)
         self.break_even, self.trial = break_even, trial
         self.heads_steps = self.heads_accepted = 0  # the heads' row-steps, their kept drafts
@@ -201,7 +202,7 @@ class CombinedDrafter:
                 self.heads_accepted += verified.kept[b] - 1
         self.by_heads = []
         if not self.heads_pay:
-            self.heads = None  # type: ignore[assignment]  # lookup alone from here on
+            self.heads = None  # lookup alone from here on
             return
         self.heads.accept(verified)
 
