@@ -369,7 +369,7 @@ def test_self_speculative_decoding_equals_greedy_on_a_pretrained_backbone(model_
         list(tokenizer.tokenize(["a dog ran"]))[:-1],
     ]
     greedy = generate_batch(model, vocab, prompts, max_tokens=70, temperature=0)
-    fast = generate_batch(model, vocab, prompts, max_tokens=70, temperature=0, speculative=True)
+    fast = generate_batch(model, vocab, prompts, max_tokens=70, temperature=0, speculative="heads")
     assert [r.tokens for r in fast.rows] == [r.tokens for r in greedy.rows]
     assert fast.verifications > 0
 

@@ -35,6 +35,7 @@ from targetlm.registry import ConfigError, Fraction, Range, Registry, Size
 
 if TYPE_CHECKING:
     from targetlm.config import ComponentConfig
+    from targetlm.modules.drafting import Drafter, DraftStart
 
 HEADS: Registry[NgramHeads] = Registry("heads", context=("embedding_dim",))
 
@@ -131,6 +132,12 @@ class NgramHeads(nn.Module):
         place of the words not read)."""
         padded = F.pad(words, (0, 0, 0, 1))  # x_{t+n}: not needed, zeros
         return self.reconstruct(outputs[:, :, None], padded)[-1, :, 0]
+
+    def drafter(self, start: DraftStart) -> Drafter:
+        """Speculative decoding's drafter of these heads (``modules.drafting``): column t's."""
+        from targetlm.modules.drafting import ColumnDrafter
+
+        return ColumnDrafter(self, start)
 
 
 @HEADS.register("simple")
@@ -299,6 +306,12 @@ class ParallelTransformerHeads(NgramHeads):
     def reconstruct(self, outputs: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         return outputs
 
+    def drafter(self, start: DraftStart) -> Drafter:
+        """Incremental drafting, each layer's keys/values cached (``modules.drafting``)."""
+        from targetlm.modules.drafting import GloeckleDrafter
+
+        return GloeckleDrafter(self, start)
+
 
 @HEADS.register("mtp")
 class SequentialMtpHeads(NgramHeads):
@@ -365,6 +378,12 @@ class SequentialMtpHeads(NgramHeads):
         columns and the 2(N − 1) columns recomputed per step."""
         depths = self.num_predictions - 1
         return 2 * depths + self.num_predictions * (self.window - 1)
+
+    def drafter(self, start: DraftStart) -> Drafter:
+        """Incremental drafting, each depth's keys/values cached (``modules.drafting``)."""
+        from targetlm.modules.drafting import MtpDrafter
+
+        return MtpDrafter(self, start)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """x̂ (B, T, d) -> h^0 = x̂ for each depth, (N−1, B, T, d) (an expanded view)."""
