@@ -100,7 +100,7 @@ def _our_draft_logits(model, ids: torch.Tensor, columns: int) -> list[torch.Tens
         weight, _ = model.output()
         words = weight[ids[:, 1:]]
         steps = model.heads.reconstruct(model.heads(hidden), words)
-        draft = model.heads.draft_ids(V)
+        draft = model.heads.draft_ids(weight.size(0))
         return [model.logits(s)[..., slice(None) if draft is None else draft] for s in steps]
 
 
