@@ -220,8 +220,9 @@ def test_predict_and_loss_work_with_every_output_layer(denoiser, output_kind, he
 
 def test_two_shares_of_a_batch_are_noised_and_weighed_as_the_whole_batch():
     """A process's share of a batch (``Batch.part``) draws the whole batch's t and ε and keeps
-    its rows; each part of the loss divided by the whole batch's count (``count_divisors``:
-    C / K) makes the shares' mean the whole batch's loss, uneven token counts included."""
+    its rows; each part of the loss divided by the whole batch's count over the processes
+    (C / K, as the training step divides it) makes the shares' mean the whole batch's loss,
+    uneven token counts included."""
     from targetlm.objectives import build_objective
     from targetlm.training.distributed import shard_rows
 
@@ -244,24 +245,10 @@ def test_two_shares_of_a_batch_are_noised_and_weighed_as_the_whole_batch():
         torch.testing.assert_close(joined, getattr(expected.extras, name))
     torch.testing.assert_close(torch.cat([p.main for p in predictions]), expected.main)
     # the two shares' counts, all-reduced by hand
-    counts: list[list[int]] = []
-
-    def recorded(share_counts: list[int]) -> list[float]:
-        counts.append(share_counts)
-        return [float(c) for c in share_counts]
-
-    for share, prediction in zip(shares, predictions):
-        loss(prediction, share.targets, weight, bias, count_divisors=recorded)
-    totals = [a + b for a, b in zip(*counts)]
-    assert counts[0] != counts[1]  # uneven tokens (and head positions)
-
-    def halves(share_counts: list[int]) -> list[float]:
-        return [t / 2 for t in totals]
-
-    shared = [
-        loss(p, s.targets, weight, bias, count_divisors=halves).loss
-        for p, s in zip(predictions, shares)
-    ]
+    parts = [loss(p, s.targets, weight, bias) for p, s in zip(predictions, shares)]
+    assert parts[0].counts != parts[1].counts  # uneven tokens (and head positions)
+    halves = [(a + b) / 2 for a, b in zip(parts[0].counts, parts[1].counts)]
+    shared = [part.divided(halves).loss for part in parts]
     torch.testing.assert_close((shared[0] + shared[1]) / 2, alone.loss)
 
 

@@ -3,11 +3,15 @@ steps one process takes on the same global batch, rank 0 alone writes, resume co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import torch
@@ -15,6 +19,7 @@ from conftest import model_config, tiny_config
 
 from targetlm import builders
 from targetlm import config as config_lib
+from targetlm.config import ComponentConfig
 from targetlm.modules.model import build_model
 from targetlm.registry import ConfigError
 from targetlm.tasks import Batch
@@ -217,6 +222,82 @@ def test_the_step_declares_when_it_may_leave_parameters_unused():
     assert not plain.may_leave_parameters_unused()
     plain.model.output.may_leave_parameters_unused = True  # as GroC's sparse updates
     assert plain.may_leave_parameters_unused()
+
+
+class _ThreadRanks:
+    """K ranks as K threads of this process, for :func:`divide_once`: each rank's
+    ``sum_tensor`` all-reduces through a barrier (what the step asks of its processes)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.barrier = threading.Barrier(world_size, timeout=60)
+        self.slots: list[torch.Tensor | None] = [None] * world_size
+
+    def processes(self, rank: int) -> SimpleNamespace:
+        def sum_tensor(values: torch.Tensor) -> torch.Tensor:
+            self.slots[rank] = values.detach().clone()
+            self.barrier.wait()
+            total = torch.stack(cast(list[torch.Tensor], self.slots)).sum(0)
+            self.barrier.wait()  # every rank has read the slots before the next collective
+            return total
+
+        return SimpleNamespace(
+            several=True,
+            world_size=self.world_size,
+            device=torch.device("cpu"),
+            sum_tensor=sum_tensor,
+        )
+
+
+@pytest.mark.parametrize("impl", ["full", "chunked"])
+def test_each_rank_divides_each_heads_sum_by_the_whole_batchs_count(impl):
+    """Two ranks with uneven scored positions per head (rank 1's rows end early): each
+    divides its heads' sums by the whole batch's counts over 2, all-reduced in the step, so
+    both see the whole batch's loss, NLL and count, and their averaged gradients are the
+    whole batch's gradients in one process."""
+    from targetlm.objectives import build_objective
+    from targetlm.training.step import divide_once
+
+    torch.manual_seed(0)
+    config = dataclasses.replace(model_config("lstm"), heads=ComponentConfig("wdr", {"n": 3}))
+    model = build_model(config, [f"w{i}" for i in range(20)]).eval()  # no dropout: rows agree
+    objective = build_objective(ComponentConfig("cross_entropy", {"ngram_alpha": 0.5}), model, impl)
+    inputs, targets = torch.randint(20, (4, 5)), torch.randint(20, (4, 7))
+    targets[2, 3:], targets[3, 1:] = -100, -100  # rank 1 scores fewer positions per head
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss_of(rows: slice, processes=None):
+        prediction = model(inputs[rows])
+        weight, bias = model.output()
+        parts = objective(prediction, targets[rows], weight, bias)
+        out = divide_once(parts, processes)
+        return parts.counts, out, torch.autograd.grad(out.loss, params, allow_unused=True)
+
+    _, whole, whole_grads = loss_of(slice(None))
+    ranks = _ThreadRanks(2)
+    results: list[Any] = [None, None]
+
+    def run(rank: int) -> None:
+        results[rank] = loss_of(slice(2 * rank, 2 * rank + 2), ranks.processes(rank))
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    (counts_0, out_0, grads_0), (counts_1, out_1, grads_1) = results
+    assert counts_0 == (10, 10, 10) and counts_1 == (4, 2, 1)  # L0, L1, L2 per rank
+    for out in (out_0, out_1):
+        torch.testing.assert_close(out.loss, whole.loss)
+        torch.testing.assert_close(out.nll_sum, whole.nll_sum.double())
+        assert int(out.count) == whole.count == 14
+    for a, b, expected in zip(grads_0, grads_1, whole_grads):
+        if expected is None:
+            assert a is None and b is None
+            continue
+        torch.testing.assert_close((a + b) / 2, expected)
+    # a rank's loss alone (its own counts) is not the whole batch's: the counts matter
+    assert not torch.allclose(loss_of(slice(2, 4))[1].loss, whole.loss)
 
 
 def test_rows_are_shared_in_contiguous_slices_and_short_batches_leave_ranks_empty():

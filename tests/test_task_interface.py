@@ -75,16 +75,27 @@ def test_loss_sums_divide_each_term_once_as_its_mean_was():
     record = LossSums(((1.0, ce.sum()), (0.7, kl.sum())), ce.sum(), 7)
     assert torch.equal(record.loss, ce.mean() + 0.7 * kl.mean())  # the same bits
     torch.testing.assert_close(record.normalised(14.0), record.loss / 2)
+    # the whole batch's count over the processes, a float64 tensor on the device: the same
+    # bits as the Python number, and a float32 loss stays float32
+    for divisor in (7, 3.5, 7 / 3):
+        on_device = record.normalised(torch.tensor(divisor, dtype=torch.float64))
+        assert on_device.dtype == torch.float32
+        assert torch.equal(on_device, record.normalised(divisor))
+    # a compiled step's count (an int64 tensor) divides as the int does
+    assert torch.equal(record.normalised(torch.tensor(7)), record.loss)
     nothing = torch.zeros((), requires_grad=True)
     empty = LossSums(((1.0, nothing * 3),), None, 0)  # no scored position: 0, with a graph
     assert float(empty.loss.detach()) == 0.0 and empty.loss.requires_grad
+    assert float(empty.normalised(torch.tensor(0.0, dtype=torch.float64))) == 0.0
     with pytest.raises(ValueError, match="at least one term"):
         LossSums((), None, 0)
 
 
-def test_divisors_equal_to_the_counts_give_the_one_process_loss():
-    """The distributed path divides each head's loss by its global count over K; with the
-    local counts as divisors it is the single-process loss, full and chunked alike."""
+def test_the_training_objective_returns_each_heads_sums_and_counts_undivided():
+    """The N-gram loss returns one part per head (its scored positions as ``counts``), and
+    only the divisors the step gives divide them: the counts themselves give the loss of
+    these rows alone, twice the counts half of it, full and chunked alike, Python numbers
+    and float64 tensors (the processes' all-reduced counts) the same bits."""
     config = dataclasses.replace(
         model_config("lstm", "tied"), heads=ComponentConfig("wdr", {"n": 3})
     )
@@ -93,26 +104,28 @@ def test_divisors_equal_to_the_counts_give_the_one_process_loss():
     targets[1, 4:] = -100
     prediction = model(inputs)
     weight, bias = model.output()
+    losses = {}
     for impl in ("full", "chunked"):
         objective = build_objective(ComponentConfig("cross_entropy", {}), model, impl)
-        alone = objective(prediction, targets, weight, bias)
-        seen = []
-
-        def divisors(counts, seen=seen):
-            seen.append(counts)
-            return [float(c) for c in counts]
-
-        shared = objective(prediction, targets, weight, bias, count_divisors=divisors)
-        assert seen == [[9, 8, 7]]  # the scored positions of L0, L1, L2
-        torch.testing.assert_close(shared.loss, alone.loss)
-
-        def twice(counts):  # twice the rows
-            return [2.0 * c for c in counts]
-
-        torch.testing.assert_close(
-            objective(prediction, targets, weight, bias, count_divisors=twice).loss,
-            alone.loss / 2,
+        parts = objective(prediction, targets, weight, bias)
+        assert parts.counts == (9, 8, 7) and parts.count == 9  # L0, L1, L2's scored positions
+        alone = parts.alone
+        # each head's sum over its own count, by the formula (½·L0 + α/(2N−2)·(L1 + L2))
+        means = [r.loss for r in objective.head_losses(prediction, targets, weight, bias)]
+        expected = 0.5 * means[0] + 1.0 / 4 * (means[1] + means[2])
+        torch.testing.assert_close(alone.loss, expected)
+        counts = [float(c) for c in parts.counts]
+        assert torch.equal(parts.divided(counts).loss, alone.loss)
+        torch.testing.assert_close(parts.divided([2 * c for c in counts]).loss, alone.loss / 2)
+        on_device = [torch.tensor(c / 3, dtype=torch.float64) for c in counts]
+        assert torch.equal(
+            parts.divided(on_device).loss, parts.divided([c / 3 for c in counts]).loss
         )
+        with pytest.raises(ValueError, match="3 parts, 2 divisors"):
+            parts.divided(counts[:2])
+        losses[impl] = alone
+    torch.testing.assert_close(losses["chunked"].loss, losses["full"].loss)
+    torch.testing.assert_close(losses["chunked"].nll_sum, losses["full"].nll_sum)
 
 
 def test_a_diverged_step_between_records_is_named_and_never_checkpointed(tmp_path, monkeypatch):

@@ -2,8 +2,10 @@
 
 ``objective(predicted, targets, weight, bias) -> LossSums``. predicted (B, T, d),
 targets (B, T) with ``IGNORE`` for padding, weight (V, d), bias (V,) or None. Objectives
-return their loss summed over the scored positions, with the count (:class:`LossSums`);
-the N-gram loss divides each head's once, by its count or the whole batch's.
+return their loss summed over the scored positions, with the count (:class:`LossSums`).
+The training objectives around them (the N-gram loss, a task's loss such as diffusion's)
+return their parts' sums and counts (:class:`LossParts`), and the training step divides each
+part once, by its count or the whole batch's (:func:`targetlm.training.step.divide_once`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 
 from targetlm import functional
 from targetlm.chunked import LogitTerms
-from targetlm.objectives.base import OBJECTIVES, LossOutput, LossSums, Objective
+from targetlm.objectives.base import OBJECTIVES, LossOutput, LossParts, LossSums, Objective
 from targetlm.registry import Fraction, NonNegative
 
 
@@ -62,6 +64,7 @@ __all__ = [
     "AugmentedLossObjective",
     "CrossEntropyObjective",
     "LossOutput",
+    "LossParts",
     "LossSums",
     "NgramLoss",
     "Objective",

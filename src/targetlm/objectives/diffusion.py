@@ -5,9 +5,9 @@ x̂₀ (``main``), the heads' raw outputs (``heads``) and :class:`DiffusionInput
 the clean embeddings x₀, the real positions, the times, the length classifier's logits), and
 returns ``w·MSE + anchor·CE(x̂₀) + length_weight·CE(length)``
 (:mod:`targetlm.tasks.diffusion` describes the task). Each part is a sum with its count
-(:class:`~targetlm.objectives.base.LossSums`), divided once as the N-gram loss divides its
-heads' (:func:`~targetlm.objectives.ngram.normalise`: by the whole batch's counts when
-several processes share the rows).
+(:class:`~targetlm.objectives.base.LossSums`), divided once by the training step as the
+N-gram loss's heads are (:func:`~targetlm.training.step.divide_once`: by the whole batch's
+counts when several processes share the rows).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from torch import nn
 from targetlm import functional
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import Prediction
-from targetlm.objectives.base import LossOutput, LossSums, Objective
-from targetlm.objectives.ngram import CountDivisors, NgramLoss, later_values, normalise
+from targetlm.objectives.base import LossParts, LossSums, Objective
+from targetlm.objectives.ngram import NgramLoss, later_values
 from targetlm.registry import ConfigError
 
 
@@ -70,10 +70,9 @@ class DiffusionLoss(nn.Module):
         embedding_scale: s of x₀ = s·norm(E_out)[y]; diffusion_weight, anchor_weight,
             length_weight: the weights of the three terms (the diffusion task's options).
 
-    ``forward``'s ``count_divisors`` (None: each part's own count) is as
-    :class:`~targetlm.objectives.ngram.NgramLoss`'s, for every part at once (the MSEs, the
-    anchor's target tokens, the length loss's sentences): several processes pass it
-    (:class:`~targetlm.training.distributed.ShardedObjective`).
+    ``forward`` returns :class:`LossParts`, as :class:`~targetlm.objectives.ngram.NgramLoss`
+    does: every part's sum with its count (the MSEs, the anchor's target tokens, the length
+    loss's sentences), divided once by the training step.
     """
 
     lookahead = 0  # pair batches carry the whole target
@@ -99,18 +98,16 @@ class DiffusionLoss(nn.Module):
         self.diffusion_weight, self.anchor_weight = diffusion_weight, anchor_weight
         self.length_weight = length_weight
 
-    def terms(
+    def parts(
         self,
         prediction: Prediction,
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        count_divisors: CountDivisors | None = None,
-    ) -> dict[str, Any]:
-        """Every term: ``mse`` (L₀), ``head_mse`` ([L_1..L_{N−1}]), ``anchor`` (the
-        objective's :class:`LossSums`), ``length`` (mean CE), ``length_accuracy``, ``loss``
-        (the total); each part divided by its own count, or by ``count_divisors``' (an
-        evaluation passes none: it reads its rows alone)."""
+    ) -> tuple[list[LossSums], torch.Tensor]:
+        """Every part's sums, undivided: [L₀'s, L_1's .. L_{N−1}'s squared errors, the
+        anchor's (the objective's :class:`LossSums`), the length loss's], and the length
+        classifier's accuracy over these rows."""
         extras: DiffusionInputs = prediction.extras
         clean, mask = extras.clean, extras.mask
         squared = [squared_error(prediction.main, clean, mask)]
@@ -125,9 +122,15 @@ class DiffusionLoss(nn.Module):
             extras.length_logits.float(), extras.length_classes, reduction="sum"
         )
         length = LossSums(((1.0, length_sum),), None, extras.length_classes.numel())
-        *mse, anchor_loss, length_loss = normalise([*squared, anchor, length], count_divisors)
-        diffusion = functional.ngram_loss(mse, self.alpha, self.main_weight)
         correct = (extras.length_logits.argmax(-1) == extras.length_classes).float().mean()
+        return [*squared, anchor, length], correct
+
+    def combine(self, means: list[torch.Tensor]) -> dict[str, Any]:
+        """The total and its terms from the parts' means (in :meth:`parts`' order):
+        ``loss``, ``diffusion`` (the MSEs' N-gram total), ``mse`` (L₀), ``head_mse``
+        ([L_1..L_{N−1}]) and ``length``."""
+        *mse, anchor_loss, length_loss = means
+        diffusion = functional.ngram_loss(mse, self.alpha, self.main_weight)
         loss = (
             self.diffusion_weight * diffusion
             + self.anchor_weight * anchor_loss
@@ -138,10 +141,22 @@ class DiffusionLoss(nn.Module):
             "diffusion": diffusion,
             "mse": mse[0],
             "head_mse": mse[1:],
-            "anchor": anchor,
             "length": length_loss,
-            "length_accuracy": correct,
         }
+
+    def terms(
+        self,
+        prediction: Prediction,
+        targets: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> dict[str, Any]:
+        """Every term of these rows alone (each part divided by its own count; an
+        evaluation reads its rows alone): :meth:`combine`'s, with ``anchor`` (the
+        objective's :class:`LossSums`) and ``length_accuracy``."""
+        parts, correct = self.parts(prediction, targets, weight, bias)
+        terms: dict[str, Any] = self.combine([part.normalised() for part in parts])
+        return {**terms, "anchor": parts[-2], "length_accuracy": correct}
 
     def forward(
         self,
@@ -149,13 +164,14 @@ class DiffusionLoss(nn.Module):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        count_divisors: CountDivisors | None = None,
-    ) -> LossOutput:
-        terms = self.terms(prediction, targets, weight, bias, count_divisors)
-        anchor: LossSums = terms["anchor"]
+    ) -> LossParts:
+        parts, _ = self.parts(prediction, targets, weight, bias)
+        anchor = parts[-2]
         if anchor.nll_sum is None:
             raise TypeError(f"{type(self.objective).__name__} gives no next-word likelihood")
-        return LossOutput(terms["loss"], anchor.nll_sum, anchor.count)
+        return LossParts.of_sums(
+            parts, lambda means: self.combine(means)["loss"], anchor.nll_sum, anchor.count
+        )
 
 
 def diffusion_loss(ngram: NgramLoss, heads: NgramHeads | None, **weights: float) -> DiffusionLoss:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -20,7 +21,15 @@ from targetlm.chunked import (
 from targetlm.data.batching import IGNORE
 from targetlm.modules.heads import NgramHeads
 from targetlm.modules.model import LanguageModel, Prediction
-from targetlm.objectives.base import OBJECTIVES, LossOutput, LossSums, Objective
+from targetlm.objectives.base import (
+    OBJECTIVES,
+    Count,
+    Divisor,
+    LossOutput,
+    LossParts,
+    LossSums,
+    Objective,
+)
 from targetlm.registry import ConfigError, Fraction, NonNegative, Positive, check_type
 
 if TYPE_CHECKING:
@@ -38,9 +47,6 @@ NGRAM_OPTIONS = {
     NGRAM_HEADS_LABEL_SMOOTHING: ("heads_label_smoothing", Fraction),
 }
 LossImpl = Literal["full", "chunked", "auto"]
-# maps the counts of a loss's parts in this process's rows to what each part's sum is divided
-# by (several processes: the whole batch's counts over the number of processes)
-CountDivisors = Callable[[list[int]], list[float]]
 
 
 def later_values(
@@ -67,16 +73,6 @@ def later_values(
     return out
 
 
-def normalise(records: list[LossSums], count_divisors: CountDivisors | None) -> list[torch.Tensor]:
-    """Each record's loss divided once: by its own count (one process), or by what
-    ``count_divisors`` gives for the records' counts (one call: several processes
-    all-reduce the counts there)."""
-    if count_divisors is None:
-        return [record.normalised() for record in records]
-    divisors = count_divisors([record.count for record in records])
-    return [record.normalised(divisor) for record, divisor in zip(records, divisors)]
-
-
 class NgramLoss(nn.Module):
     """``½·L₀ + α/(2N−2)·Σ_{n=1}^{N−1} L_n`` (:func:`targetlm.functional.ngram_loss`).
 
@@ -87,23 +83,23 @@ class NgramLoss(nn.Module):
 
     ``loss_impl``: ``full`` runs the wrapped objective on each head's (B·T, V) logits;
     ``chunked`` stacks the rows of every head (their shifted targets, and per-row weights
-    ``w_n / count_n`` with w_0 = ½ and w_n = α/(2N−2)) into one
+    w_n / (head n's divisor) with w_0 = ½ and w_n = α/(2N−2)) into one
     :func:`targetlm.chunked.chunked_logit_loss` call with the objective's
     ``logit_terms``: E_out (and AL's table) is built and read once per step, and no
-    (tokens × V) matrix exists. ``auto``: chunked when the objective allows it and the step
+    (tokens × V) matrix exists. It forms the gradient in the forward pass, so it runs when
+    the step divides (:meth:`LossParts.divided`), with the divisors in its row weights. ``auto``: chunked when the objective allows it and the step
     has at least ``AUTO_CHUNK_ELEMENTS`` logits, rows (all heads) × V. Equal results
     within float tolerance.
 
-    ``forward(prediction, targets, weight, bias, count_divisors=None)``: the model's
+    ``forward(prediction, targets, weight, bias)`` -> :class:`LossParts`, one part per head
+    (its summed loss and scored positions), divided once by the training step: the model's
     :class:`Prediction` (x̂ (B, T, d), heads' raw outputs (N−1, B, T, d)); targets
     (B, T + lookahead), the segment's targets followed by ``lookahead = N − 1`` more columns
     of the stream (IGNORE past its end), so the last positions of a BPTT segment are scored
-    by every head as well. Fewer columns are padded with IGNORE. ``count_divisors`` maps the
-    heads' scored positions in this process's rows [c_0..c_{N−1}] to what each head's summed
-    loss is divided by; None: the counts themselves (one process). Several processes pass
-    the whole batch's counts over the number of processes, C_n / K
-    (:class:`~targetlm.training.distributed.ShardedObjective`), so the processes' averaged
-    gradients are the whole batch's: L_n = S_n^r / (C_n / K) on rank r.
+    by every head as well. Fewer columns are padded with IGNORE. One process divides head n's
+    sum by its count c_n; several divide rank r's S_n^r by the whole batch's C_n / K, so the
+    processes' averaged gradients are the whole batch's
+    (:func:`~targetlm.training.step.divide_once`).
 
     Args:
         objective: the built per-head objective.
@@ -222,40 +218,43 @@ class NgramLoss(nn.Module):
         targets: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
-        count_divisors: CountDivisors | None = None,
-    ) -> LossOutput:
+    ) -> LossParts:
         check_targets(targets, weight.size(0))
         rows = self.head_rows(prediction, targets, weight)
         positions = prediction.main.shape[:-1].numel() * len(rows)
         if self.uses_chunked(positions, weight.size(0), weight.device):
-            counts = [int((t != IGNORE).sum()) for _, t in rows]  # each head's scored positions
-            divisors = None if count_divisors is None else count_divisors(counts)
-            return self.chunked(prediction, rows, counts, divisors, weight, bias)
+            # each head's scored positions: one host read (none while compiling)
+            scored = torch.stack([(t != IGNORE).sum() for _, t in rows])
+            counts = list(scored.unbind()) if torch.compiler.is_compiling() else scored.tolist()
+            return LossParts(
+                counts,
+                counts[0],
+                functools.partial(self.chunked, prediction, rows, counts[0], weight, bias),
+            )
         records = self.row_losses(rows, weight, bias)
-        loss = functional.ngram_loss(
-            normalise(records, count_divisors), self.alpha, self.main_weight
-        )
         main = records[0]
         if main.nll_sum is None:
             raise TypeError(f"{type(self.objective).__name__} gives no next-word likelihood")
-        return LossOutput(loss, main.nll_sum, main.count)
+        combine = functools.partial(
+            functional.ngram_loss, alpha=self.alpha, main_weight=self.main_weight
+        )
+        return LossParts.of_sums(records, combine, main.nll_sum, main.count)
 
     def chunked(
         self,
         prediction: Prediction,
         heads: list[tuple[torch.Tensor, torch.Tensor]],
-        counts: list[int],
-        divisors: list[float] | None,
+        count: Count,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
+        divisors: Sequence[Divisor],
     ) -> LossOutput:
         """The same loss in one :func:`~targetlm.chunked.chunked_logit_loss` call over the
-        stacked rows of every head (:meth:`head_rows`, with their ``counts``; per-row
-        weight: the head's weight over its count, or over its divisor)."""
+        stacked rows of every head (:meth:`head_rows`; ``count``: the main head's scored
+        positions); each row weighted by its head's weight over the head's divisor."""
         d = prediction.main.size(-1)
         predicted = torch.cat([p.reshape(-1, d) for p, _ in heads])  # (N·B·T, d)
         stacked = torch.cat([t.reshape(-1) for _, t in heads])  # (N·B·T,)
-        scale = [max(c, 1) for c in counts] if divisors is None else [v or 1 for v in divisors]
         # functional.ngram_loss's weights: ½ (main_weight) and α/(2N−2), or 1 without heads
         head_weights = (
             [1.0]
@@ -265,8 +264,8 @@ class NgramLoss(nn.Module):
         dtype = torch.promote_types(predicted.dtype, torch.float32)
         row_weights = torch.cat(
             [
-                torch.full((t.numel(),), w / c, dtype=dtype, device=t.device)
-                for (_, t), w, c in zip(heads, head_weights, scale)
+                _row_weights(w, divisor, t.numel(), dtype, t.device)
+                for (_, t), w, divisor in zip(heads, head_weights, divisors)
             ]
         )
         main = heads[0][1].numel()
@@ -290,7 +289,18 @@ class NgramLoss(nn.Module):
         loss = outs[0].loss if len(outs) == 1 else outs[0].loss + outs[1].loss
         scored = stacked[:main] != IGNORE
         nll_sum = (outs[0].log_norm[:main] - outs[0].target_logits[:main])[scored].sum()
-        return LossOutput(loss, nll_sum, counts[0])
+        return LossOutput(loss, nll_sum, count)
+
+
+def _row_weights(
+    weight: float, divisor: Divisor, rows: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``rows`` copies of ``weight / divisor`` (a divisor of 0: 1), computed in float64 and
+    rounded to ``dtype`` once, whether the divisor is a number or a tensor on the device."""
+    if not isinstance(divisor, torch.Tensor):
+        return torch.full((rows,), weight / (divisor or 1), dtype=dtype, device=device)
+    divisor = torch.where(divisor > 0, divisor, 1).to(torch.float64)
+    return (weight / divisor).to(dtype).expand(rows)
 
 
 def split_ngram_options(

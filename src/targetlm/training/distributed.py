@@ -28,10 +28,11 @@ gradients and optimiser state, every rank evaluates, and checkpoints are torch d
 checkpoints beside ``last.pt`` (:func:`save_sharded`), read back with any number of ranks and
 without running anything a file of the run directory names (:func:`load_sharded`).
 
-The loss is the batch's: every objective returns sums with their counts and averages over
-the scored positions once (each N-gram head over its own), and ranks may score different
-numbers of them (translation batches; the last row of an N-gram stream), so each rank
-divides each part's sum by the batch's count (:class:`ShardedObjective`); the loss value
+The loss is the batch's: every objective returns its parts' sums with their counts, which
+the step divides once (each N-gram head's by its own), and ranks may score different
+numbers of positions (translation batches; the last row of an N-gram stream), so each rank
+divides each part's sum by the batch's count over K, all-reduced on the device
+(:func:`~targetlm.training.step.divide_once`, in the step's forward); the loss value
 the trainer sees, logs and checks for NaN is the whole batch's, on every rank. A task that
 draws randomness per row (diffusion's times and noise) draws the whole batch's on every rank
 and keeps its rows (``Batch.part``), so each row gets what one process gives it.
@@ -57,7 +58,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, cast, overload
+from typing import Any, overload
 
 import torch
 import torch.distributed as dist
@@ -76,9 +77,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from targetlm.checkpoint import SHARDED_DIRECTORY, CheckpointError, load_failure
 from targetlm.config import Config
-from targetlm.modules.model import LanguageModel, Prediction, evaluating
-from targetlm.objectives import LossOutput, NgramLoss
-from targetlm.objectives.diffusion import DiffusionLoss
+from targetlm.modules.model import LanguageModel, evaluating
 from targetlm.registry import ConfigError
 from targetlm.tasks import Batch, build_task
 from targetlm.training.step import TrainingStep
@@ -691,64 +690,6 @@ class ShardedBatches(Sequence[Batch]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         return shard_rows(self.batches[index], self.rank, self.world_size)
-
-
-# --- the loss: the whole batch's, from each rank's rows -----------------------------------
-class ShardedObjective(nn.Module):
-    """The trainer's objective on one rank's rows, scaled so that the ranks' averaged
-    gradients are the whole batch's: an :class:`~targetlm.objectives.NgramLoss`, or a task's
-    loss around it that divides its parts the same way
-    (:class:`~targetlm.objectives.diffusion.DiffusionLoss`); another is refused with a
-    :class:`~targetlm.registry.ConfigError` naming ``task_kind``.
-
-    Each part of the loss (each N-gram head's; the diffusion loss's MSEs, anchor and length
-    losses) is its summed loss over the whole batch's scored positions, S_n / C_n with
-    C_n = Σ_r c_n^r; the objective divides rank r's sum S_n^r once by C_n / K (the
-    ``count_divisors`` it is called with, the counts all-reduced here), so the K ranks'
-    averaged gradients are the whole batch's. The returned ``loss`` has the whole batch's
-    value (its gradient is this rank's share), ``nll_sum`` and ``count`` are the whole
-    batch's too (tensors on the device, all-reduced there with the loss: no host sync), so
-    the trainer logs and checks what one process would.
-    """
-
-    def __init__(self, objective: nn.Module, processes: Processes, task_kind: str) -> None:
-        super().__init__()
-        if not isinstance(objective, (NgramLoss, DiffusionLoss)):
-            raise ConfigError(
-                f"task.kind = {task_kind!r}: its loss is not shared by rows across "
-                "processes yet; train it in one process"
-            )
-        self.objective = objective
-        self.processes = processes
-        self.lookahead = objective.lookahead
-
-    def divisors(self, counts: list[int]) -> list[float]:
-        """C_n / K for this rank's counts c_n^r (an all-reduce: every rank calls it)."""
-        totals = self.processes.sum(counts)
-        return [total / self.processes.world_size for total in totals]
-
-    def forward(
-        self,
-        prediction: Prediction,
-        targets: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-    ) -> LossOutput:
-        out = self.objective(prediction, targets, weight, bias, count_divisors=self.divisors)
-        world_size = self.processes.world_size
-        local = torch.stack(
-            [
-                out.loss.detach().double(),
-                out.nll_sum.detach().double(),
-                torch.as_tensor(out.count, dtype=torch.float64, device=out.loss.device),
-            ]
-        )
-        loss_sum, nll_sum, count = self.processes.sum_tensor(local).unbind()
-        # the value of the whole batch's loss (Σ_r of the ranks' K·L^r / K), the gradient
-        # of this rank's share
-        mean = (loss_sum / world_size).to(out.loss.dtype)
-        loss = out.loss + (mean - out.loss.detach())
-        return LossOutput(loss, nll_sum, cast(int, count.long()))
 
 
 # --- the carried encoder state: each rank's rows, the whole batch in checkpoints -----------

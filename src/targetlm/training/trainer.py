@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from targetlm import builders, rundir, runs
@@ -124,19 +123,17 @@ class Trainer:
         self.lookahead = objective.lookahead
         # what the step minimises: the objective, or the task's loss around it (diffusion)
         self.objective = self.task.training_objective(objective, self.model).to(self.device)
-        step_objective: nn.Module = self.objective
-        if self.processes.several:  # each part divided by the whole batch's count
-            step_objective = distributed.ShardedObjective(
-                self.objective, self.processes, c.task.kind
-            )
         self.task.prepare(self.model)
         self.batches = self._training_batches()
         if self.device.type == "cuda":  # on the GPU once: a step copies nothing from the host
             self.batches = [self.batches[i].to(self.device) for i in range(len(self.batches))]
-        # the step's loss, one module: under DDP with several processes (which broadcasts
+        # the step's loss, one module, which divides it by the counts (with several
+        # processes the whole batch's): under DDP with several processes (which broadcasts
         # rank 0's initial weights), itself alone; evaluation reads self.objective (rank 0
         # alone: nothing all-reduced)
-        self.step_module = TrainingStep(self.task, self.model, step_objective)
+        self.step_module = TrainingStep(
+            self.task, self.model, self.objective, self.processes, c.train.loss_reduction
+        )
         self.trainable = self.processes.wrap(
             self.step_module,
             find_unused_parameters=bool(c.train.heads_only_steps)
@@ -236,7 +233,7 @@ class Trainer:
         self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
         self.best_valid, self.bad_evaluations = p["best_valid"], p["bad_evaluations"]
         self._elapsed_before, self._session_start = p["elapsed"], time.perf_counter()
-        window_nll, self.window_count = p.get("window", (0.0, 0))
+        window_nll, self.window_count = p["window"]
         self.window_nll = torch.tensor(window_nll, dtype=torch.float64, device=self.device)
         stopping = self.config.train.early_stopping
         if stopping and self.bad_evaluations >= stopping:  # stopped early, then killed
@@ -246,7 +243,7 @@ class Trainer:
                 self.state, self._state_rows(), self.processes.rank, self.processes.world_size
             )
         self.metrics_records = self.checkpointer.forget_later_metrics(
-            p.get("metrics_records"), self.step
+            p["metrics_records"], self.step
         )
         self.log(f"resumed {self.run_dir} at epoch {self.epoch}, step {self.step}")
 
@@ -351,9 +348,8 @@ class Trainer:
                 # checked for NaN at the next record, validation or checkpoint (no host sync)
                 # (a copy: a CUDA graph's next replay reuses the loss's memory)
                 self._unchecked_losses.append((self.step + 1, out.loss.detach().clone()))
-                scale = batch.inputs.size(1) if c.loss_reduction == "sum_over_time" else 1
-                if out.loss.requires_grad:
-                    (out.loss * (scale / len(micro_batches))).backward()
+                if out.loss.requires_grad:  # the micro-batches' mean
+                    (out.loss * (1 / len(micro_batches))).backward()
             nll_sum, count = nll_sum + out.nll_sum.detach().double(), count + out.count
         if self.processes.several:  # the loop checks it before the next step: the same everywhere
             self.stop_requested = self.processes.any(self._interrupted)
