@@ -131,7 +131,7 @@ def test_heads_config_errors():
         tiny_config(**{"model.heads": '{kind = "none", n = 3}'})
     with pytest.raises(ConfigError, match=r"model.heads.n: 0 is not in \[1, 64\]"):
         tiny_config(**{"model.heads": '{kind = "wdr", n = 0}'})
-    with pytest.raises(ConfigError, match="available: gloeckle, medusa, mtp, simple, wdr"):
+    with pytest.raises(ConfigError, match="available: eagle, gloeckle, medusa, mtp, simple, wdr"):
         tiny_config(**{"model.heads": '{kind = "wrd"}'})
 
 

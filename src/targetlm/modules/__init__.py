@@ -3,6 +3,7 @@
 from targetlm.modules.bidirectional import CrammedBertEncoder
 from targetlm.modules.char_cnn import CharCnn, StringIndex, index_strings
 from targetlm.modules.diffusion import DiffusionDenoiser
+from targetlm.modules.eagle import EagleHead  # registers the head kind "eagle"
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS, LookupEmbedding
 from targetlm.modules.encoders import (
     ENCODERS,
@@ -72,6 +73,7 @@ __all__ = [
     "OpenVocabularyOutput",
     "Encoder",
     "HEADS",
+    "EagleHead",
     "INPUT_EMBEDDINGS",
     "OUTPUT_LAYERS",
     "LanguageModel",
