@@ -2,7 +2,7 @@
 
 The char-CNN encodes every string the vocabulary needs (PTB: 22.5k strings of up to 20
 characters) forward and backward at every step. Layouts compared, all giving the same
-encodings (``tests/test_outputs.py`` checks the two that targetlm uses):
+encodings (``tests/modules/test_outputs.py`` checks the two that targetlm uses):
 
 * ``grouped``: one GEMM per distinct length (no padding FLOPs; ~20 groups of kernels);
   targetlm's choice on CPUs.

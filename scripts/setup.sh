@@ -15,7 +15,7 @@
 #               without its dependencies (it declares torchaudio and torchvision, which pull another
 #               torch), the ones its model classes import, and transformers 5.19.0, the newest it
 #               accepts, so .venv keeps its own; run its tests with
-#               .venv/serve/bin/python -m pytest tests/test_export_speculators.py
+#               .venv/serve/bin/python -m pytest tests/cli/test_export_speculators.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"

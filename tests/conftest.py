@@ -7,6 +7,9 @@ import os
 # default run 710 s with two threads, 500 s with one; one AL training test 45 s against 5 s)
 os.environ["OMP_NUM_THREADS"] = "1"
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -18,8 +21,14 @@ from targetlm.lexicon import Lexicon
 
 torch.set_num_threads(1)
 
+# the tests live in one folder per package (tests/modules, tests/training, ...); a test module
+# that reuses another's helpers imports it by its file name, wherever the two live
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
 # small options for every registered component, so contract tests cover each one;
-# a newly registered kind without an entry here fails tests/test_contract_coverage.py
+# a newly registered kind without an entry here fails tests/project/test_contract_coverage.py
 ENCODER_OPTIONS = {
     "lstm": {"hidden_size": 24, "num_layers": 2},
     "transformer": {
@@ -37,7 +46,7 @@ ENCODER_OPTIONS = {
         "max_context": 64,
         "dropout": 0.0,
     },
-    "reformer": {  # one layer (tests/test_backbones.py trains two, shared): LSH costs per call
+    "reformer": {  # one layer (tests/modules/test_backbones.py trains two, shared): LSH costs per call
         "model_size": 16,
         "num_layers": 1,
         "num_heads": 2,
@@ -93,7 +102,7 @@ def encoder_params(kinds) -> list:
 
 
 # encoders that read a source besides the stream (Encoder.conditional): the translation
-# contract tests (tests/test_translation.py) run them; the LM contract tests cannot
+# contract tests (tests/tasks/test_translation.py) run them; the LM contract tests cannot
 CONDITIONAL_ENCODER_OPTIONS = {
     "transformer_seq2seq": {
         "encoder_layers": 2,
@@ -105,7 +114,7 @@ CONDITIONAL_ENCODER_OPTIONS = {
     },
 }
 # diffusion denoisers (conditional encoders that read noised target embeddings, not a prefix):
-# the diffusion contract tests (tests/test_diffusion.py) run them
+# the diffusion contract tests (tests/tasks/test_diffusion.py) run them
 DENOISER_ENCODER_OPTIONS = {
     "diffusion_denoiser": {
         "encoder_layers": 1,
@@ -118,7 +127,7 @@ DENOISER_ENCODER_OPTIONS = {
     },
 }
 # bidirectional encoders (Encoder.causal = False, not conditional): the masked-LM and
-# classification contract tests (tests/test_mlm.py) run them; the causal LM contracts cannot
+# classification contract tests (tests/tasks/test_mlm.py) run them; the causal LM contracts cannot
 BIDIRECTIONAL_ENCODER_OPTIONS = {
     "crammed_bert": {
         "num_layers": 2,

@@ -1,7 +1,7 @@
 """targetlm: language models whose output side is a first-class, swappable part.
 
 The layers of the package, top to bottom. A module imports only from its own layer or the
-layers below it, never from a layer above (``tests/test_layering.py`` reads this picture and
+layers below it, never from a layer above (``tests/project/test_layering.py`` reads this picture and
 checks every import of the package against it, lazy imports inside functions included)::
 
     cli · __main__                             the commands and python -m targetlm

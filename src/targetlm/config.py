@@ -185,7 +185,7 @@ class TrainConfig:
     # the training step (forward, loss, backward) through torch.compile (targetlm.training.compile):
     # "off": eager, as written; "default": compiled (inductor); "graphs": compiled and replayed
     # as CUDA graphs (a GPU only). The eager step is the reference; a compiled one matches it
-    # within float rounding (tests/test_compile.py)
+    # within float rounding (tests/training/test_compile.py)
     compile: Literal["off", "default", "graphs"] = "off"
     progress: bool = True  # tqdm progress bar
     # several processes (torchrun): "ddp" replicates the model in each (DistributedDataParallel);

@@ -23,7 +23,7 @@ column t alone); heads over a window of columns build their incremental drafters
 
 The interface lives here, beside the model's components, and not in ``targetlm.inference``:
 the heads (``targetlm.modules``) build drafters, and components never import what drives
-them (``tests/test_layering.py``).
+them (``tests/project/test_layering.py``).
 """
 
 from __future__ import annotations

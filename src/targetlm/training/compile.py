@@ -13,7 +13,7 @@ What the compiled step computes is the eager step's function:
 - dropout masks come from torch's own random generator (inductor's ``fallback_random``), so
   a compiled step draws the masks the eager step draws, a run resumed in the other mode
   continues the same random stream, and the two agree to float rounding
-  (``tests/test_compile.py``);
+  (``tests/training/test_compile.py``);
 - one shape is compiled: the training batches' usual (B, T). A batch of another shape (the
   shorter last segment of a BPTT stream) runs eagerly, so nothing is recompiled or padded.
 """

@@ -17,7 +17,7 @@ from conftest import files_of, one_error
 from targetlm import config as config_lib
 from targetlm.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.toml"
 MLM = REPO / "configs" / "mlm-wt2-base.toml"
 

@@ -254,7 +254,7 @@ def test_cross_domain_uses_the_papers_cache_settings():
     """App. C.4: λ = 0.966 on the model (cache 0.034), θ = 0.5, a cache of 10,000; §5.1: ω = 0.1
     for GroC. They are the defaults of ``experiments/cross_domain.py`` (and θ, window of
     :class:`Combiners`, so of ``targetlm eval --neural-cache``)."""
-    path = Path(__file__).resolve().parents[1] / "experiments" / "cross_domain.py"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "cross_domain.py"
     spec = importlib.util.spec_from_file_location("cross_domain", path)
     cross_domain = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cross_domain)

@@ -20,7 +20,7 @@ from targetlm import compare
 from targetlm import config as config_lib
 from targetlm.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "docs" / "records"
 
 

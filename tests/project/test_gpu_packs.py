@@ -19,7 +19,7 @@ from conftest import encoder_config
 
 from targetlm import extras
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKS = {  # pack: (run names with SEEDS=1, evaluation subcommand)
     "heo_table1": (
         [f"{m}-s1" for m in ("base", "sim-n2", "sim-n3", "sim-n4", "wdr-n2", "wdr-n3", "wdr-n4")],

@@ -27,7 +27,7 @@ from targetlm.cli import main
 from targetlm.data import DataError
 from targetlm.training import RunDirError, Trainer, TrainingDiverged
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # conftest.py
 # one epoch of 10 steps, a checkpoint every 3 and a validation at the end
 SMALL = {
     "train.epochs": 1,

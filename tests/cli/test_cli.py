@@ -21,7 +21,7 @@ from targetlm.cli import main
 from targetlm.data import StreamBatches, Vocabulary, read_split
 from targetlm.runs import load_run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.toml"
 TINY = [
     "train.epochs=1",

@@ -36,7 +36,7 @@ from targetlm.inference.evaluate import evaluate_stream, per_word
 from targetlm.modules import build_model
 from targetlm.registry import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.toml"
 TINY = [
     "train.epochs=1",

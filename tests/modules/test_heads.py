@@ -184,7 +184,7 @@ def test_the_heads_alpha_upgrade_goes_by_its_removal_version():
     """The ``model.heads.alpha`` move ships only in releases before the one its warning names:
     bumping the version to it fails here until ``config.upgrade`` drops the move (and the
     README's note)."""
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     packaged = config_lib.tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
     for version in (targetlm.__version__, packaged["version"]):
         assert _release(version) < _release(config_lib.HEADS_ALPHA_REMOVED_IN), version

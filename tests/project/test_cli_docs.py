@@ -19,7 +19,7 @@ import pytest
 
 from targetlm.cli import build_parser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CLI_DOC = REPO / "docs" / "cli.md"
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
 

@@ -368,7 +368,7 @@ def test_tsne_without_scikit_learn_says_how_the_readme_installs_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn.manifold", None)
     with pytest.raises(DataError, match=r'pip install -e "\.\[analysis\]"'):
         target_tsne(torch.zeros(5, 2), torch.tensor([0, 1, 2]), [0])
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     assert 'pip install -e ".[analysis]"' in readme
 
 

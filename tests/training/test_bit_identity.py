@@ -3,7 +3,7 @@
 Each case trains a tiny run (one thread, fixed seeds) and compares, as exact float bits
 (``float.hex``), every back-propagated loss, every logged training and validation figure, the
 final results and a digest of the trained weights with the numbers recorded in
-``tests/data/bit_identity.json``. A change to the trainer, the tasks, the objectives or the
+``tests/training/bit_identity.json``. A change to the trainer, the tasks, the objectives or the
 evaluation that moves any number by one ulp fails here.
 
 The bits depend on the CPU's kernels as well as on the code: torch and MKL choose their code
@@ -17,7 +17,7 @@ on an AVX-512 AMD EPYC (which does not reproduce the Xeon's ``AVX512`` numbers),
 running this file's ``--record`` with that commit's ``src`` on the path (the code of the
 redesign reproduces all three). On a CPU of another kernel set the test is skipped and says so.
 Record again (only for an intended change of the numbers, or to add this CPU's kernel set
-from the commit before a change) with ``python tests/test_bit_identity.py --record``.
+from the commit before a change) with ``python tests/training/test_bit_identity.py --record``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from targetlm import config as config_lib
 from targetlm.checkpoint import load as load_checkpoint
 from targetlm.training import train
 
-RECORD = Path(__file__).parent / "data" / "bit_identity.json"
+RECORD = Path(__file__).parent / "bit_identity.json"
 # results.json keys that measure the machine, not the model
 TIMINGS = {"wall_time_s", "sentences_per_s", "tok_s"}
 
@@ -276,5 +276,5 @@ def _record() -> None:  # pragma: no cover (run by hand)
 
 if __name__ == "__main__":  # pragma: no cover
     if sys.argv[1:] != ["--record"]:
-        sys.exit("usage: python tests/test_bit_identity.py --record")
+        sys.exit("usage: python tests/training/test_bit_identity.py --record")
     _record()

@@ -1,5 +1,5 @@
 """The Tensorized Transformer and Reformer encoders beyond the shared contracts (which
-tests/test_modules.py runs on every registered encoder): the multi-linear attention's
+tests/modules/test_modules.py runs on every registered encoder): the multi-linear attention's
 equation, the LSH attention in training, and a tiny training with WDR heads through the CLI."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Generation: the Transformer's KV cache equals recomputing its window, rewinding a state,
 sampling options, stop strings, and ``targetlm generate`` end to end on tiny trained runs
-(speculative decoding: tests/test_speculative.py)."""
+(speculative decoding: tests/inference/test_speculative.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ PROMPTS = [["w1", "w2"], ["w3"], ["w4", "w5", "w6", "w7", "w8"]]
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """Tiny models are fastest on one thread (see tests/test_cli.py)."""
+    """Tiny models are fastest on one thread (see tests/cli/test_cli.py)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

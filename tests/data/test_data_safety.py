@@ -22,7 +22,7 @@ from targetlm.data import DataError, load_corpus, read_file, read_lines
 from targetlm.data.catalogue import BROWN_GENRES
 from targetlm.data.parallel import read_parallel
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs" / "quickstart.toml"
 WORDS = "the cat sat on the mat\na dog ran to the cat\n" * 10
 

@@ -3,7 +3,7 @@
 ``evaluate_ids`` runs chunked (``loss_impl = "auto"`` above ``AUTO_CHUNK_ELEMENTS``, forced
 here by lowering the threshold) for perplexity, the head ensemble, the caches and the
 open-vocabulary mixture (the new-word mass in tiles); each composition of combiners equals
-the direct computation of tests/test_combiners.py.
+the direct computation of tests/inference/test_combiners.py.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs").glob("*.toml"))
 QUICKSTART = REPO / "configs" / "quickstart.toml"
 HUGE_FLOAT, HUGE_INT = 1e30, 2**70

@@ -238,7 +238,7 @@ def test_no_progress_bar_is_written_into_a_log_file(tmp_path, capsys):
     from targetlm.training import train
 
     config = builders.load_config(
-        Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml",
+        Path(__file__).resolve().parents[2] / "configs" / "quickstart.toml",
         ["train.max_steps=3", "train.progress=true", "train.threads=1"],
     )
     threads = torch.get_num_threads()

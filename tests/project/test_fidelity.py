@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLAIM = re.compile(r"`([a-z0-9*?-]+): ([a-z_.]+) = ([^`]+)`")
 REGISTRIES = {
     "model.embedding": INPUT_EMBEDDINGS,

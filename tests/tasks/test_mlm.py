@@ -32,7 +32,7 @@ from targetlm.tasks.classify import (
 )
 from targetlm.tasks.mlm import CLS, MASK, MaskedLmTask, mask_tokens, masked_targets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 V = 40
 
 
