@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Generic, TypeVar, overload
 
 import torch
 
@@ -168,7 +168,27 @@ def pad(rows: Sequence[torch.Tensor], value: int) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=value)
 
 
-class StreamBatchSequence(Sequence[Batch]):
+B = TypeVar("B", bound=Batch)
+
+
+class BatchList(Sequence[B], Generic[B]):
+    """A sequence of batches made when read: a subclass gives ``len`` and :meth:`_batch`
+    (one index, as given); a slice reads each of its indices."""
+
+    def _batch(self, index: int) -> B:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> B: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[B]: ...
+    def __getitem__(self, index: int | slice) -> B | Sequence[B]:
+        if isinstance(index, slice):
+            return [self._batch(i) for i in range(*index.indices(len(self)))]
+        return self._batch(index)
+
+
+class StreamBatchSequence(BatchList[Batch]):
     """The segments of a :class:`~targetlm.data.batching.StreamBatches` stream as :class:`Batch` es.
 
     Args:
@@ -194,13 +214,7 @@ class StreamBatchSequence(Sequence[Batch]):
     def __len__(self) -> int:
         return len(self.stream)
 
-    @overload
-    def __getitem__(self, index: int) -> Batch: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Batch]: ...
-    def __getitem__(self, index: int | slice) -> Batch | Sequence[Batch]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def _batch(self, index: int) -> Batch:
         inputs, targets = self.stream[index]
         if self.inputs is not None:
             inputs = self.inputs[index][0]

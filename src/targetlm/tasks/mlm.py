@@ -32,12 +32,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from targetlm.data.batching import IGNORE
+from targetlm.data.batching import IGNORE, BatchList
 from targetlm.data.vocab import Vocabulary
 from targetlm.modules.model import LanguageModel, Prediction
 from targetlm.registry import ConfigError, Probability, Seed
@@ -117,7 +117,7 @@ def masked_targets(tokens: torch.Tensor, masked: torch.Tensor, lookahead: int) -
     return windows[masked]
 
 
-class MaskedBlocks(Sequence[MaskedBatch]):
+class MaskedBlocks(BatchList[MaskedBatch]):
     """The batches of a token stream cut into rows ``<cls>`` + ``block − 1`` tokens.
 
     Training drops the tokens that do not fill a last batch and masks each batch when it is
@@ -160,13 +160,7 @@ class MaskedBlocks(Sequence[MaskedBatch]):
     def __len__(self) -> int:
         return len(self.groups)
 
-    @overload
-    def __getitem__(self, index: int) -> MaskedBatch: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[MaskedBatch]: ...
-    def __getitem__(self, index: int | slice) -> MaskedBatch | Sequence[MaskedBatch]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def _batch(self, index: int) -> MaskedBatch:
         rows = self.groups[index]
         tokens = torch.cat([torch.full((rows.size(0), 1), self.cls_id), rows], 1)  # (B, T)
         protected = torch.zeros_like(tokens, dtype=torch.bool)

@@ -58,7 +58,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
-from typing import Any, overload
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -77,6 +77,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from targetlm.checkpoint import SHARDED_DIRECTORY, CheckpointError, load_failure
 from targetlm.config import Config
+from targetlm.data.batching import BatchList
 from targetlm.modules.model import LanguageModel, evaluating
 from targetlm.registry import ConfigError
 from targetlm.tasks import Batch, build_task
@@ -671,7 +672,7 @@ def shard_rows(batch: Batch, rank: int, world_size: int) -> Batch:
     )
 
 
-class ShardedBatches(Sequence[Batch]):
+class ShardedBatches(BatchList[Batch]):
     """``batches`` as rank ``rank`` of ``world_size`` reads them (:func:`shard_rows`)."""
 
     def __init__(self, batches: Sequence[Batch], rank: int, world_size: int) -> None:
@@ -682,13 +683,7 @@ class ShardedBatches(Sequence[Batch]):
     def __len__(self) -> int:
         return len(self.batches)
 
-    @overload
-    def __getitem__(self, index: int) -> Batch: ...
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[Batch]: ...
-    def __getitem__(self, index: int | slice) -> Batch | Sequence[Batch]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+    def _batch(self, index: int) -> Batch:
         return shard_rows(self.batches[index], self.rank, self.world_size)
 
 
