@@ -25,6 +25,7 @@ import inspect
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -415,7 +416,27 @@ def export(
     if not isinstance(model.encoder, HfEncoder):
         raise ConfigError("export: the run has no hf backbone (model.backbone.kind = 'hf')")
     pretrained = model.encoder.pretrained[0]
-    target = Path(target)
+
+    def write(staging: Path) -> None:
+        pretrained.save_pretrained(staging)
+        if tokenizer_dir is not None:
+            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+                if (tokenizer_dir / name).is_file():
+                    shutil.copyfile(tokenizer_dir / name, staging / name)
+        (staging / "TARGETLM.md").write_text(EXPORT_NOTE, encoding="utf-8")
+        if isinstance(model.heads, NgramHeads):
+            heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
+            kind, n = type(model.heads).__name__, str(model.heads.num_predictions)
+            save_file(heads, str(staging / "heads.safetensors"), metadata={"kind": kind, "n": n})
+
+    write_export(Path(target), replace, write)
+
+
+def write_export(target: Path, replace: bool, write: Callable[[Path], None]) -> None:
+    """``write(staging)`` into a temporary directory beside ``target``, then renamed into
+    place: a failed or killed export leaves ``target`` as it was. ``replace``: an existing
+    non-empty ``target`` is replaced (else refused). The directory gets the mode ``mkdir``
+    would give it (``0o777`` less the umask), not ``mkdtemp``'s ``0o700``."""
     recover_export(target)
     if target.exists() and any(target.iterdir()) and not replace:
         raise ConfigError(f"export: {target} exists and is not empty")
@@ -424,18 +445,7 @@ def export(
         staging = Path(tmp) / "export"
         staging.mkdir()  # the umask's mode
         try:
-            pretrained.save_pretrained(staging)
-            if tokenizer_dir is not None:
-                for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-                    if (tokenizer_dir / name).is_file():
-                        shutil.copyfile(tokenizer_dir / name, staging / name)
-            (staging / "TARGETLM.md").write_text(EXPORT_NOTE, encoding="utf-8")
-            if isinstance(model.heads, NgramHeads):
-                heads = {k: v.contiguous() for k, v in model.heads.state_dict().items()}
-                kind, n = type(model.heads).__name__, str(model.heads.num_predictions)
-                save_file(
-                    heads, str(staging / "heads.safetensors"), metadata={"kind": kind, "n": n}
-                )
+            write(staging)
         except Exception as error:  # a full disk: OSError, or safetensors' own error
             reason = _disk_full_reason(error)
             if reason is None:

@@ -34,8 +34,6 @@ window): no weights of that layer compute what the ``mtp`` blocks compute. The N
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +42,7 @@ from torch import nn
 
 from targetlm.modules.eagle import EagleHead, EagleLayer
 from targetlm.modules.heads import MedusaHeads, NgramHeads, ResBlock, SequentialMtpHeads
-from targetlm.modules.hf import HfEncoder, _disk_full_reason, recover_export
+from targetlm.modules.hf import HfEncoder, write_export
 from targetlm.registry import ConfigError
 
 if TYPE_CHECKING:
@@ -282,29 +280,6 @@ def same_weights(model: LanguageModel, directory: Path) -> bool:
     return seen > 0
 
 
-def _write_atomically(target: Path, replace: bool, write: Callable[[Path], None]) -> None:
-    """``write(staging)`` into a temporary directory beside ``target``, renamed into place
-    (as :func:`targetlm.modules.hf.export`): a failed or killed export leaves ``target`` as
-    it was."""
-    recover_export(target)
-    if target.exists() and any(target.iterdir()) and not replace:
-        raise ConfigError(f"export: {target} exists and is not empty")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as tmp:
-        staging = Path(tmp) / "export"
-        staging.mkdir()
-        try:
-            write(staging)
-        except Exception as error:
-            reason = _disk_full_reason(error)
-            if reason is None:
-                raise
-            raise ConfigError(f"export: {reason} writing {target}; nothing was replaced") from None
-        if target.exists():
-            target.rename(Path(tmp) / "replaced")
-        staging.rename(target)
-
-
 def export_drafter(
     model: LanguageModel,
     form: str,
@@ -327,5 +302,5 @@ def export_drafter(
         text = json.dumps(config, indent=2, sort_keys=True) + "\n"
         (staging / "config.json").write_text(text, encoding="utf-8")
 
-    _write_atomically(Path(target), replace, write)
+    write_export(Path(target), replace, write)
     return config
