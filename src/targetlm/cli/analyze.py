@@ -11,6 +11,7 @@ from targetlm import builders
 from targetlm.cli.common import (
     SIZE,
     add_scoring_options,
+    add_set_option,
     combiners_from_args,
     eval_overrides,
     floats,
@@ -211,7 +212,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--config", help="the model to train (default: the checkout's inan-subspace-ptb preset)"
     )
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(a)
     a.add_argument("--out", required=True, help="directory for the runs, table and plot")
     a.add_argument("--betas", type=floats, default=[0.0, 0.25, 0.5, 0.75, 1.0])
     a.add_argument("--taus", type=floats, default=[2.0, 5.0, 10.0, 20.0])
@@ -228,7 +229,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=["<unk>", "the", "of", "a", "and", "to", "in"],
     )
     a.add_argument("--split", choices=["train", "valid", "test"], default="test")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(a)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=word_probs)
 
@@ -241,7 +242,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--tokens", type=SIZE, default=1000, help="target words from the split")
     a.add_argument("--split", choices=["train", "valid", "test"], default="test")
     a.add_argument("--seed", type=TSNE_SEED, default=0)
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(a)
     add_force_option(a)
     a.set_defaults(func=tsne)
 
@@ -254,7 +255,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("run_b", type=Path, help="the second run, trained on the same data")
     a.add_argument("--out", type=Path, required=True, help="the plot (.png, .pdf or .svg)")
     a.add_argument("--split", choices=["train", "valid", "test"], default="test")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(a)
     a.add_argument("--json", action="store_true")
     add_force_option(a)
     add_scoring_options(a)

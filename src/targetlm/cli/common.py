@@ -242,6 +242,18 @@ def combiner_range(kind: str, option: str) -> Range:
 ENSEMBLE_LAMBDAS = numbers_in(combiner_range("head_ensemble", "lambdas"), at_least_one=True)
 
 
+def add_set_option(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    """--set KEY=VALUE, repeatable: a configuration override."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def add_ensemble_lambdas_option(p: argparse.ArgumentParser, help: str) -> None:
+    """--ensemble-lambda L,L,...: the head ensemble's λ values, scored in the same pass."""
+    p.add_argument(
+        "--ensemble-lambda", type=ENSEMBLE_LAMBDAS, default=[], metavar="L,L,...", help=help
+    )
+
+
 def add_scoring_options(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group(
         "open-vocabulary scoring and caches (Pappas et al. 2020); all but --lowercase "

@@ -7,6 +7,7 @@ import json
 
 from targetlm import builders
 from targetlm import config as config_lib
+from targetlm.cli.common import add_set_option
 from targetlm.tasks import build_task
 
 
@@ -46,6 +47,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``targetlm describe`` to the subcommands ``sub``."""
     p = sub.add_parser("describe", help="parameters per part of a configured model")
     p.add_argument("config")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

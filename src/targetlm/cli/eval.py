@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from targetlm.cli.common import (
-    ENSEMBLE_LAMBDAS,
+    add_ensemble_lambdas_option,
     add_scoring_options,
+    add_set_option,
     check_combiners,
     combiners_from_args,
     eval_overrides,
@@ -268,13 +269,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="any text file instead, read like a split with the run's tokenizer and vocabulary",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument(
-        "--ensemble-lambda",
-        type=ENSEMBLE_LAMBDAS,
-        default=[],
-        metavar="L,L,...",
-        help="also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass; composes "
+    add_set_option(p)
+    add_ensemble_lambdas_option(
+        p,
+        "also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass; composes "
         "with --open-vocab and the caches, which then apply to every λ)",
     )
     p.add_argument(

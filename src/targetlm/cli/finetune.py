@@ -8,6 +8,7 @@ from pathlib import Path
 
 from targetlm import builders
 from targetlm import config as config_lib
+from targetlm.cli.common import add_set_option
 from targetlm.cli.train import train_and_report
 from targetlm.registry import ConfigError
 from targetlm.training.trainer import RunDirError
@@ -112,12 +113,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="continue a trained run on new data, its vocabulary extended (Pappas et al. 2020)",
     )
     p.add_argument("source", metavar="RUN_DIR", help="the trained run (its best checkpoint)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override the source run's config, e.g. data.name=brown data.train='news[:0.8]'",
+    add_set_option(
+        p, help="override the source run's config, e.g. data.name=brown data.train='news[:0.8]'"
     )
     p.add_argument(
         "--changes",

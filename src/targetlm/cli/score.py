@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 from targetlm.cli.common import (
-    ENSEMBLE_LAMBDAS,
+    add_ensemble_lambdas_option,
     add_scoring_options,
+    add_set_option,
     check_combiners,
     combiners_from_args,
     eval_overrides,
@@ -78,13 +79,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_force_option(p)
     add_quiet_option(p)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument(
-        "--ensemble-lambda",
-        type=ENSEMBLE_LAMBDAS,
-        default=[],
-        metavar="L,L,...",
-        help="also each λ's log-probability (record key 'ensemble'), in the same pass",
+    add_set_option(p)
+    add_ensemble_lambdas_option(
+        p,
+        "also each λ's log-probability (record key 'ensemble'), in the same pass",
     )
     add_scoring_options(p)
     p.set_defaults(func=run)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from targetlm import builders
 from targetlm import config as config_lib
+from targetlm.cli.common import add_set_option
 from targetlm.registry import ConfigError
 from targetlm.rundir import RunDirError, read_results
 from targetlm.runs import CONFIG, RESULTS
@@ -69,9 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "config", nargs="?", help="the TOML config (with --resume: default RUN_DIR/config.toml)"
     )
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
-    )
+    add_set_option(p, help="override a config key")
     p.add_argument("--run-dir", type=Path, help="run directory (default: runs/<config>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir exactly")
     p.set_defaults(func=run)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from targetlm.cli.common import SIZE, combiner_range, declared_range, number_in
+from targetlm.cli.common import SIZE, add_set_option, combiner_range, declared_range, number_in
 from targetlm.cli.outputs import add_force_option, add_quiet_option, check_output, run_inputs
 from targetlm.config import RANGES
 from targetlm.data.parallel import (
@@ -218,6 +218,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="decode at the reference's lengths (needs --reference) instead of the predicted ones",
     )
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (the summary)")
     p.set_defaults(func=run)
