@@ -264,43 +264,54 @@ def add_scoring_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="score the text's new words too (V_train ∪ V_text)",
     )
-    group.add_argument(
-        "--uniform-weight",
-        type=number_in(combiner_range("uniform", "weight")),
-        metavar="MU",
-        help="μ of the uniform mixture of a closed output layer "
-        "(default: 0.01 when the text has new words)",
-    )
-    group.add_argument(
-        "--new-word-weight",
-        type=number_in(combiner_range("new_word_weight", "weight")),
-        metavar="OMEGA",
-        help="ω in (0, 1] of the new-word down-weighting (default 1: off)",
-    )
-    group.add_argument(
-        "--unigram-cache",
-        type=number_in(combiner_range("unigram_cache", "weight")),
-        metavar="LAMBDA",
-        help="λ of the unigram cache",
-    )
-    group.add_argument(
-        "--neural-cache",
-        type=number_in(combiner_range("neural_cache", "weight")),
-        metavar="LAMBDA",
-        help="λ of the neural cache (Grave et al.)",
-    )
-    group.add_argument(
-        "--neural-theta",
-        type=number_in(combiner_range("neural_cache", "theta")),
-        metavar="THETA",
-        help=f"θ of the neural cache (default {Combiners.neural_theta})",
-    )
-    group.add_argument(
-        "--neural-window",
-        type=number_in(combiner_range("neural_cache", "window"), integer=True),
-        metavar="N",
-        help=f"positions the neural cache remembers (default {Combiners.neural_window})",
-    )
+    # each flag sets one option of a combiner and takes the values that option declares
+    options: list[tuple[str, str, str, str, str]] = [
+        (
+            "--uniform-weight",
+            "uniform",
+            "weight",
+            "MU",
+            "μ of the uniform mixture of a closed output layer "
+            "(default: 0.01 when the text has new words)",
+        ),
+        (
+            "--new-word-weight",
+            "new_word_weight",
+            "weight",
+            "OMEGA",
+            "ω in (0, 1] of the new-word down-weighting (default 1: off)",
+        ),
+        ("--unigram-cache", "unigram_cache", "weight", "LAMBDA", "λ of the unigram cache"),
+        (
+            "--neural-cache",
+            "neural_cache",
+            "weight",
+            "LAMBDA",
+            "λ of the neural cache (Grave et al.)",
+        ),
+        (
+            "--neural-theta",
+            "neural_cache",
+            "theta",
+            "THETA",
+            f"θ of the neural cache (default {Combiners.neural_theta})",
+        ),
+        (
+            "--neural-window",
+            "neural_cache",
+            "window",
+            "N",
+            f"positions the neural cache remembers (default {Combiners.neural_window})",
+        ),
+    ]
+    for flag, kind, option, metavar, help in options:
+        valid = combiner_range(kind, option)
+        group.add_argument(
+            flag,
+            type=number_in(valid, integer=option == "window"),  # a window counts positions
+            metavar=metavar,
+            help=help,
+        )
     group.add_argument(
         "--lowercase",
         action="store_true",
