@@ -200,9 +200,7 @@ class EagleHead(NgramHeads):
         rms_norm_eps: Positive = 1e-6,
         draft_vocab: Size | None = None,
     ) -> None:
-        nn.Module.__init__(self)
-        if n < 1:
-            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        self._begin(n, residual=False)
         d = embedding_dim
         kv_heads = num_key_value_heads or num_attention_heads
         if num_attention_heads % kv_heads:
@@ -221,8 +219,6 @@ class EagleHead(NgramHeads):
             raise ConfigError(f"model.heads.head_dim must be even (RoPE), got {head_dim}")
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self.num_predictions = n
-        self.residual = False
         self.window = window
         self.rope_theta = float(rope_theta)
         self.layers = nn.ModuleList()

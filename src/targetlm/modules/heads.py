@@ -93,11 +93,7 @@ class NgramHeads(nn.Module):
         activation: Literal["relu", "tanh", "gelu"] = "relu",
         residual: bool = False,
     ) -> None:
-        super().__init__()
-        if n < 1:
-            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
-        self.num_predictions = n
-        self.residual = residual
+        self._begin(n, residual)
         d, hidden = embedding_dim, hidden_size or embedding_dim
         lasts = []
         self.mlps = nn.ModuleList()
@@ -109,6 +105,16 @@ class NgramHeads(nn.Module):
             for last in lasts:
                 nn.init.zeros_(last.weight)
                 nn.init.zeros_(last.bias)
+
+    def _begin(self, n: int, residual: bool) -> None:
+        """What every kind of heads starts with: the module's set-up, N checked (the main
+        head counts) and kept, and whether the outputs add their input (a kind with layers
+        of its own calls this instead of ``NgramHeads.__init__``)."""
+        nn.Module.__init__(self)
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        self.num_predictions = n
+        self.residual = residual
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """h (B, T, d) -> the heads' raw outputs MLP^n(h) (plus h when residual) stacked:
@@ -203,13 +209,9 @@ class MedusaHeads(NgramHeads):
     """
 
     def __init__(self, embedding_dim: int, n: HeadCount = 2, num_layers: Size = 1) -> None:
-        nn.Module.__init__(self)
-        if n < 1:
-            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        self._begin(n, residual=False)  # the blocks hold their own residual paths
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        self.num_predictions = n
-        self.residual = False  # the blocks hold their own residual paths
         self.mlps = nn.ModuleList(
             nn.Sequential(*(ResBlock(embedding_dim) for _ in range(num_layers)))
             for _ in range(n - 1)
@@ -289,11 +291,7 @@ class ParallelTransformerHeads(NgramHeads):
         window: Size = 16,
         dropout: Fraction = 0.0,
     ) -> None:
-        nn.Module.__init__(self)
-        if n < 1:
-            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
-        self.num_predictions = n
-        self.residual = False
+        self._begin(n, residual=False)
         self.window = window
         self.layers = WindowedBlocks(
             n - 1, embedding_dim, num_attention_heads, ff_size or 4 * embedding_dim, window, dropout
@@ -354,12 +352,8 @@ class SequentialMtpHeads(NgramHeads):
         window: Size = 16,
         dropout: Fraction = 0.0,
     ) -> None:
-        nn.Module.__init__(self)
-        if n < 1:
-            raise ValueError(f"n must be >= 1 (the main head counts), got {n}")
+        self._begin(n, residual=False)
         d = embedding_dim
-        self.num_predictions = n
-        self.residual = False
         self.window = window
         depths = n - 1
         self.hidden_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
