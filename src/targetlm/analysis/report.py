@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,33 +67,31 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
         "",
     ]
     if "bleu" in results["test"]:  # a translation run
-        lines += [
-            "| split | perplexity | tokens | BLEU | chrF |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for split in ("valid", "test"):
-            r = results[split]
-            lines.append(
-                f"| {split} | {r['ppl']:.2f} | {r['tokens']:,} | {r['bleu']:.2f} | {r['chrf']:.2f} |"
-            )
+        lines += _splits_table(
+            results,
+            ["perplexity", "tokens", "BLEU", "chrF"],
+            lambda r: [
+                f"{r['ppl']:.2f}",
+                f"{r['tokens']:,}",
+                f"{r['bleu']:.2f}",
+                f"{r['chrf']:.2f}",
+            ],
+        )
         lines += ["", f"Beam {results['test']['beam']}; `{results['test']['bleu_signature']}`."]
     elif "unigram_ppl" in results["test"]:  # a language model
-        lines += [
-            "| split | perplexity | unigram perplexity | tokens | OOV rate |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for split in ("valid", "test"):
-            r = results[split]
-            lines.append(
-                f"| {split} | {r['ppl']:.2f} | {r['unigram_ppl']:.2f} | {r['tokens']:,} "
-                f"| {r['oov_rate']:.2%} |"
-            )
+        lines += _splits_table(
+            results,
+            ["perplexity", "unigram perplexity", "tokens", "OOV rate"],
+            lambda r: [
+                f"{r['ppl']:.2f}",
+                f"{r['unigram_ppl']:.2f}",
+                f"{r['tokens']:,}",
+                f"{r['oov_rate']:.2%}",
+            ],
+        )
     else:  # another task (masked LM, classification): its own figures, as reported
         keys = [k for k, v in results["test"].items() if isinstance(v, (int, float))]
-        lines += ["| split | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
-        for split in ("valid", "test"):
-            r = results[split]
-            lines.append(f"| {split} | " + " | ".join(_figure(r[k]) for k in keys) + " |")
+        lines += _splits_table(results, keys, lambda r: [_figure(r[k]) for k in keys])
     lines += ["", "| part | parameters |", "|---|---:|"]
     lines += [f"| {part} | {count:,} |" for part, count in results["params"].items()]
     lines += [f"| **total** | **{results['total_params']:,}** |", ""]
@@ -102,6 +101,17 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def _splits_table(
+    results: dict[str, Any], columns: list[str], cells: Callable[[dict[str, Any]], list[str]]
+) -> list[str]:
+    """A results table: a row per split (valid, test), its ``columns`` the cells of its
+    results."""
+    lines = ["| split | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for split in ("valid", "test"):
+        lines.append(f"| {split} | " + " | ".join(cells(results[split])) + " |")
+    return lines
 
 
 def _figure(value: float) -> str:
