@@ -70,11 +70,19 @@ def read_lines(config: DataConfig, split: str) -> list[str]:
         path = split_path(config, split)
         lines = read_text_lines(path, config.lowercase, separators=config.name == TEXT)
     lines = slice_lines(lines, window)
-    if not lines:
-        raise DataError(f"{split_source(config, split)} is empty")
-    if not has_words(lines):
-        raise DataError(f"{split_source(config, split)} has no words (only blank lines)")
+    lacking = _lacking_words(lines)
+    if lacking:
+        raise DataError(f"{split_source(config, split)} {lacking}")
     return lines
+
+
+def _lacking_words(lines: list[str]) -> str | None:
+    """What a text without a word lacks, as an error says it (None: it has words)."""
+    if not lines:
+        return "is empty"
+    if not has_words(lines):
+        return "has no words (only blank lines)"
+    return None
 
 
 def split_path(config: DataConfig, split: str) -> Path:
@@ -98,10 +106,9 @@ def read_file(path: str | Path, lowercase: bool = False) -> list[str]:
     """Lines of any text file, read like a split (``eval --file``); a file without a word
     (empty, or only blank lines) is an error."""
     lines = read_text_lines(path, lowercase)
-    if not lines:
-        raise DataError(f"{path} is empty: nothing to evaluate")
-    if not has_words(lines):
-        raise DataError(f"{path} has no words (only blank lines): nothing to evaluate")
+    lacking = _lacking_words(lines)
+    if lacking:
+        raise DataError(f"{path} {lacking}: nothing to evaluate")
     return lines
 
 
