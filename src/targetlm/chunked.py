@@ -70,10 +70,10 @@ def auto_chunks(rows: int, vocab_size: int, device: torch.device | None = None) 
 _FREE_MEMORY: dict[int | None, int] = {}
 
 
-@torch.compiler.assume_constant_result
 def _free_memory(index: int | None) -> int:
     """Bytes free on CUDA device ``index`` when first asked (cached: a constant to a compiled
-    step)."""
+    step, which ``training.compile`` marks it as; marking it here would import the compiler
+    into every process that imports targetlm)."""
     if index not in _FREE_MEMORY:
         _FREE_MEMORY[index] = torch.cuda.mem_get_info(index)[0]
     return _FREE_MEMORY[index]

@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from targetlm import chunked
+
 MODES = ("off", "default", "graphs")
 # torch.compile's backend: inductor generates the fused kernels; the tests of the default run
 # also use "aot_eager" (the same capture of forward and backward, eager kernels, no code
@@ -47,6 +49,8 @@ def compile_step(step: nn.Module, mode: str) -> Callable[..., Any] | None:
     torch._inductor.config.fallback_random = True
     # an nn.LSTM holds the weights the variational recurrence reads (and runs without dropout)
     torch._dynamo.config.allow_rnn = True
+    # the free memory that decides the logit path is read once, not traced
+    torch.compiler.assume_constant_result(chunked._free_memory)
     if mode == "graphs":
         return torch.compile(step, mode="reduce-overhead", dynamic=False)
     return torch.compile(step, backend=BACKEND, dynamic=False)
