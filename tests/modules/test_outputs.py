@@ -665,6 +665,7 @@ needs_wordnet = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # NLTK reads WordNet for 5 s; CI runs it with this file's slow cases
 @needs_wordnet
 def test_wordnet_entries_and_cached_lexicon(tmp_path):
     wordnet = wordnet_lib.open_wordnet()
