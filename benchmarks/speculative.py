@@ -112,16 +112,7 @@ def merged(parts: Sequence[SpeculativeStats | None]) -> SpeculativeStats | None:
     total = SpeculativeStats()
     for part in parts:
         assert part is not None
-        total.forwards += part.forwards
-        total.steps += part.steps
-        total.row_steps += part.row_steps
-        total.accepted += part.accepted
-        total.draft_seconds += part.draft_seconds
-        total.verify_seconds += part.verify_seconds
-        at = part.accepted_at
-        total.accepted_at += [0] * (len(at) - len(total.accepted_at))
-        for i, count in enumerate(at):
-            total.accepted_at[i] += count
+        total.add(part)
     return total
 
 

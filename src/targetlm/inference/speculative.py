@@ -88,6 +88,18 @@ class SpeculativeStats:
         """Drafted tokens accepted per row and verification step (None: nothing drafted)."""
         return self.accepted / self.row_steps if self.row_steps else None
 
+    def add(self, other: SpeculativeStats) -> None:
+        """Add the counts and timings of another decoding (e.g. a benchmark's batches)."""
+        self.forwards += other.forwards
+        self.steps += other.steps
+        self.row_steps += other.row_steps
+        self.accepted += other.accepted
+        self.draft_seconds += other.draft_seconds
+        self.verify_seconds += other.verify_seconds
+        self.accepted_at += [0] * (len(other.accepted_at) - len(self.accepted_at))
+        for i, count in enumerate(other.accepted_at):
+            self.accepted_at[i] += count
+
     def record(self, verified: Verified) -> None:
         """Count one verification."""
         self.forwards += 1
