@@ -14,8 +14,9 @@ import json
 import random
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,9 +31,11 @@ from targetlm.modules.interfaces import HasTrainingCache
 from targetlm.modules.model import detach_state, state_to_list
 from targetlm.training import distributed
 from targetlm.training.distributed import Processes
-from targetlm.training.optim import LrSchedule
 from targetlm.training.run_directory import RESUME_KEYS, check_same_config
 from targetlm.training.step import TrainingStep
+
+if TYPE_CHECKING:
+    from targetlm.training.build import RunParts
 
 
 def write_best(
@@ -93,6 +96,7 @@ def cached_modules(model: nn.Module) -> list[tuple[str, HasTrainingCache]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, HasTrainingCache)]
 
 
+@dataclass(eq=False)
 class Checkpointer:
     """Writes and restores the checkpoints of the run of ``config`` in ``run_dir``.
 
@@ -100,18 +104,11 @@ class Checkpointer:
     collectives); rank 0 writes the files. ``step`` is the step last.pt holds (None: none yet).
     """
 
-    def __init__(
-        self,
-        run_dir: Path,
-        config: Config,
-        processes: Processes,
-        log: Callable[[str], None],
-    ) -> None:
-        self.run_dir = run_dir
-        self.config = config
-        self.processes = processes
-        self.log = log
-        self.step: int | None = None
+    run_dir: Path
+    config: Config
+    processes: Processes
+    log: Callable[[str], None]
+    step: int | None = field(default=None, init=False)
 
     def kept(self) -> str:
         """What the run directory keeps after a failure, for its message."""
@@ -123,19 +120,12 @@ class Checkpointer:
         return f"the last good checkpoint (step {self.step}) is kept in {self.run_dir / runs.LAST}"
 
     def save_last(
-        self,
-        *,
-        model: nn.Module,
-        step_module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        schedule: LrSchedule,
-        vocab: Vocabulary,
-        progress: dict[str, Any],
-        state: Any,
+        self, parts: RunParts, vocab: Vocabulary, progress: dict[str, Any], state: Any
     ) -> None:
-        """Write last.pt at ``progress`` (its ``step``, position, counters), with the carried
-        ``state`` (the whole batch's); sharded checkpoints last.pt no longer names go."""
-        step = progress["step"]
+        """Write last.pt of the run's ``parts`` (model, optimiser, schedule) at ``progress``
+        (its ``step``, position, counters), with the carried ``state`` (the whole batch's);
+        sharded checkpoints last.pt no longer names go."""
+        model, optimizer, step = parts.model, parts.optimizer, progress["step"]
         weights: dict[str, Any] = {}
         if self.config.train.parallel == "fsdp":
             # the model and optimiser sharded (every rank its shards), beside last.pt
@@ -144,7 +134,7 @@ class Checkpointer:
             if self.processes.is_main and directory.exists():  # a write that was cut short
                 shutil.rmtree(directory)
             self.processes.barrier()
-            distributed.save_sharded(step_module, optimizer, directory)
+            distributed.save_sharded(parts.step_module, optimizer, directory)
             self.processes.barrier()
         else:
             weights = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
@@ -154,7 +144,7 @@ class Checkpointer:
         checkpoint_lib.save_atomic(
             {
                 **weights,
-                "schedule": schedule.state_dict(),
+                "schedule": parts.schedule.state_dict(),
                 "progress": progress,
                 "state": state_to_list(detach_state(state)),
                 "rng": {"torch": torch.get_rng_state(), "python": _as_list(random.getstate())},
@@ -180,17 +170,13 @@ class Checkpointer:
 
     def restore(
         self,
-        *,
-        model: nn.Module,
-        step_module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        schedule: LrSchedule,
+        parts: RunParts,
         vocab: Vocabulary,
         device: torch.device,
         freeze_body: Callable[[bool], None],
     ) -> tuple[dict[str, Any], Any]:
-        """Read last.pt into the model, optimiser, schedule, training caches and random
-        number generators; returns its ``progress`` and the carried state (the whole batch's,
+        """Read last.pt into the run's ``parts`` (model, optimiser, schedule), training caches
+        and random number generators; returns its ``progress`` and the carried state (the whole batch's,
         on ``device``). ``freeze_body(frozen)`` sets which parameters train before a sharded
         optimiser state is read (during the heads-only warm-up, the heads alone)."""
         checkpoint = checkpoint_lib.load(self.run_dir / runs.LAST, RESUME_KEYS)
@@ -215,15 +201,18 @@ class Checkpointer:
             # heads-only warm-up, the heads' alone (torch builds the state it reads into from
             # the parameters that require gradients)
             freeze_body(checkpoint["progress"]["step"] < self.config.train.heads_only_steps)
-            distributed.load_sharded(step_module, optimizer, self.run_dir / checkpoint["sharded"])
+            distributed.load_sharded(
+                parts.step_module, parts.optimizer, self.run_dir / checkpoint["sharded"]
+            )
         else:
-            runs.load_state_into(model, checkpoint["model"], vocab, str(self.run_dir / runs.LAST))
-            optimizer.load_state_dict(checkpoint["optimizer"])
-        schedule.load_state_dict(checkpoint["schedule"])
+            last = str(self.run_dir / runs.LAST)
+            runs.load_state_into(parts.model, checkpoint["model"], vocab, last)
+            parts.optimizer.load_state_dict(checkpoint["optimizer"])
+        parts.schedule.load_state_dict(checkpoint["schedule"])
         progress = checkpoint["progress"]
         self.step = progress["step"]
         state = _to_device(checkpoint["state"], device)
-        for name, module in cached_modules(model):  # e.g. GroC's reused E_out (sparse updates)
+        for name, module in cached_modules(parts.model):  # e.g. GroC's reused E_out (sparse updates)
             module.load_training_cache(_to_device(checkpoint["caches"].get(name), device))
         torch.set_rng_state(checkpoint["rng"]["torch"])
         random.setstate(_as_tuple(checkpoint["rng"]["python"]))

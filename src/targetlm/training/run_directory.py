@@ -13,6 +13,7 @@ import contextlib
 import json
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ def _temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+@dataclass(eq=False)
 class RunDirectory:
     """The directory ``path`` of a run of ``config``: new and empty, or resumed (``resume``).
 
@@ -108,21 +110,16 @@ class RunDirectory:
     ``torchrun``, rank 0 alone); :meth:`start` writes what a run starts with.
     """
 
-    def __init__(
-        self,
-        path: Path,
-        config: Config,
-        resume: bool,
-        processes: Processes,
-        log: Callable[[str], None],
-    ) -> None:
-        self.path = path
-        self.config = config
-        self.resume = resume
-        self.processes = processes
-        self.log = log
-        self.restart = not resume
-        self.finished_results: dict[str, Any] | None = None
+    path: Path
+    config: Config
+    resume: bool
+    processes: Processes
+    log: Callable[[str], None]
+    restart: bool = field(init=False)
+    finished_results: dict[str, Any] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.restart = not self.resume
 
     def check(self) -> None:
         """Refuse a run directory that cannot be used as asked (reads only). Sets

@@ -94,7 +94,9 @@ class Trainer:
         self.task: Task[Any] = build_task(c)
         source = self._load_data()
         self.task.setup(c, self.data, self.device, self.log)
-        parts = build.build_parts(c, self.task, self.vocab, source, self.device, self.processes)
+        self.parts = parts = build.build_parts(
+            c, self.task, self.vocab, source, self.device, self.processes
+        )
         self.model, self.objective, self.lookahead = parts.model, parts.objective, parts.lookahead
         self.batches, self.step_module = parts.batches, parts.step_module
         self.trainable, self.compiled = parts.trainable, parts.compiled
@@ -132,13 +134,7 @@ class Trainer:
 
     def _restore(self) -> None:
         p, self.state = self.checkpointer.restore(
-            model=self.model,
-            step_module=self.step_module,
-            optimizer=self.optimizer,
-            schedule=self.schedule,
-            vocab=self.vocab,
-            device=self.device,
-            freeze_body=self._freeze_body,
+            self.parts, self.vocab, self.device, self._freeze_body
         )
         self.epoch, self.batch_index, self.step = p["epoch"], p["batch_index"], p["step"]
         self.validator.best_valid = p["best_valid"]
@@ -168,11 +164,8 @@ class Trainer:
         if self.processes.several and state is not None:  # the whole batch's (every rank)
             state = distributed.gather_state(state, self._state_rows(), self.processes)
         self.checkpointer.save_last(
-            model=self.model,
-            step_module=self.step_module,
-            optimizer=self.optimizer,
-            schedule=self.schedule,
-            vocab=self.vocab,
+            self.parts,
+            self.vocab,
             progress={
                 "epoch": self.epoch,
                 "batch_index": self.batch_index,

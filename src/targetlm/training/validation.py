@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from targetlm.training.optim import LrSchedule
 from targetlm.training.step import TrainingStep
 
 
+@dataclass(eq=False)
 class Validator:
     """Evaluates the model of a run in ``run_dir`` and keeps what the run learns from it: the
     best validation perplexity (``best_valid``, its model in best.pt) and the validations
@@ -40,28 +42,17 @@ class Validator:
         log: the run's log.
     """
 
-    def __init__(
-        self,
-        config: Config,
-        run_dir: Path,
-        task: Task[Any],
-        model: Any,
-        step_module: TrainingStep,
-        processes: distributed.Processes,
-        checkpointer: Checkpointer,
-        metrics: MetricsLog,
-        log: Callable[[str], None],
-    ) -> None:
-        self.config = config
-        self.run_dir = run_dir
-        self.task = task
-        self.model = model
-        self.step_module = step_module
-        self.processes = processes
-        self.checkpointer = checkpointer
-        self.metrics = metrics
-        self.log = log
-        self.best_valid, self.bad_evaluations = math.inf, 0
+    config: Config
+    run_dir: Path
+    task: Task[Any]
+    model: Any
+    step_module: TrainingStep
+    processes: distributed.Processes
+    checkpointer: Checkpointer
+    metrics: MetricsLog
+    log: Callable[[str], None]
+    best_valid: float = field(default=math.inf, init=False)
+    bad_evaluations: int = field(default=0, init=False)
 
     def evaluate(self, split: str) -> dict[str, Any]:
         """The task's figures of the model on ``split`` ("valid" or "test"): at least
