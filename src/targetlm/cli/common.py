@@ -242,9 +242,12 @@ def combiner_range(kind: str, option: str) -> Range:
 ENSEMBLE_LAMBDAS = numbers_in(combiner_range("head_ensemble", "lambdas"), at_least_one=True)
 
 
-def add_set_option(p: argparse.ArgumentParser, help: str | None = None) -> None:
-    """--set KEY=VALUE, repeatable: a configuration override."""
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
+def add_set_option(
+    p: argparse.ArgumentParser, help: str | None = None, flag: str = "--set"
+) -> None:
+    """``flag`` KEY=VALUE, repeatable: an option of what the command builds (--set: a
+    configuration override)."""
+    p.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
 def add_ensemble_lambdas_option(p: argparse.ArgumentParser, help: str) -> None:

@@ -6,9 +6,11 @@ with the body on held-out text before and after."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
+from targetlm.cli.common import add_set_option
 from targetlm.registry import MAX_SEED, MAX_SIZE, ConfigError
 
 # the largest AdamW rate and body-state cache (MiB) train-heads takes: far beyond any useful one
@@ -23,24 +25,9 @@ def run(args: argparse.Namespace) -> int:
     from targetlm.training.heads import HeadsRecipe, train_heads
 
     _check_numbers(args)
-    recipe = HeadsRecipe(
-        source=args.source,
-        corpus=args.corpus,
-        steps=args.steps,
-        run_dir=args.run_dir,
-        heads_kind=args.heads_kind,
-        n=args.n,
-        heads_options=_heads_options(args.heads_set),
-        init_heads=args.init_heads,
-        segment=args.segment,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        held_out=args.held_out,
-        cache_mb=args.cache_mb,
-        seed=args.seed,
-        log_every=args.log_every,
-        max_minutes=args.max_minutes,
-    )
+    # each field of the recipe is the flag of its name; the heads' options are --heads-set's
+    given = vars(args) | {"heads_options": _heads_options(args.heads_set)}
+    recipe = HeadsRecipe(**{f.name: given[f.name] for f in dataclasses.fields(HeadsRecipe)})
     result = train_heads(recipe, lambda line: print(line, flush=True))
     if args.json:
         print(json.dumps(result))
@@ -99,13 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", type=Path, required=True, help="the new run directory")
     p.add_argument("--heads-kind", help="train new heads of this kind (default: the run's)")
     p.add_argument("--n", type=int, help="N of the new heads (the main head counts)")
-    p.add_argument(
-        "--heads-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an option of the heads, e.g. num_layers=2 or window=8",
-    )
+    add_set_option(p, "an option of the heads, e.g. num_layers=2 or window=8", "--heads-set")
     p.add_argument("--init-heads", type=Path, help="start from the heads of this run")
     p.add_argument("--segment", type=int, default=64, help="tokens per cached segment")
     p.add_argument("--batch-size", type=int, default=8, help="segments per step")
