@@ -27,20 +27,20 @@ objectives read it::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Literal, cast
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from targetlm.modules.encoders import (
-    ENCODERS,
-    Encoder,
-    sinusoidal_positions,
+from targetlm.modules.encoders import ENCODERS, add_positions
+from targetlm.modules.seq2seq import (
+    DecoderLayer,
+    LayerOptions,
+    SourceConditioned,
+    check_stack_options,
 )
-from targetlm.modules.seq2seq import Attention, EncoderLayer, _Block, check_stack_options
 from targetlm.registry import ConfigError, Count, Fraction, Size
 
 # --- forward processes ------------------------------------------------------------------------
@@ -194,21 +194,15 @@ class DenoiserState:
         )
 
 
-class DenoiserLayer(_Block):
-    """Non-causal self-attention (target padding masked), cross-attention to the source, FF."""
-
-    def __init__(self, d, num_heads, ff_size, dropout, attention_dropout, norm, activation):
-        super().__init__(d, ff_size, dropout, norm, activation, sublayers=3)
-        self.self_attention = Attention(d, num_heads, attention_dropout)
-        self.cross_attention = Attention(d, num_heads, attention_dropout)
-
-    def _self_attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        attention = self.self_attention
-        q, k, v = (attention.split(y) for y in attention.in_proj(x).chunk(3, -1))
-        return attention.attend(q, (k, v), key_mask=mask)
+class DenoiserLayer(DecoderLayer):
+    """A decoder layer read non-causally: self-attention (target padding masked),
+    cross-attention to the source, FF."""
 
     def forward(self, x, target_mask, memory, memory_mask, memory_keys_values=None):
-        x = self.residual(0, x, lambda y: self._self_attend(y, target_mask))
+        attention = self.self_attention
+        x = self.residual(
+            0, x, lambda y: attention.self_attend(y, causal=False, key_mask=target_mask)[0]
+        )
         kv = memory_keys_values or self.cross_attention.keys_values(memory)
         x = self.residual(1, x, lambda y: self.cross_attention(y, kv, key_mask=memory_mask))
         return self.residual(2, x, self.ff)
@@ -224,7 +218,7 @@ def time_features(t: torch.Tensor, size: int, scale: float = 1000.0) -> torch.Te
 
 
 @ENCODERS.register("diffusion_denoiser")
-class DiffusionDenoiser(Encoder):
+class DiffusionDenoiser(SourceConditioned):
     """The denoiser f(x_t, t, x̂₀_prev; source) of Difformer / DINOISER (``task.kind = "diffusion"``).
 
     A Transformer encoder over the source (:meth:`start`), and a non-causal Transformer stack
@@ -248,10 +242,8 @@ class DiffusionDenoiser(Encoder):
         max_length_difference: the length classes are −m..m (2m + 1 of them).
     """
 
-    conditional = True
     causal = False  # every target position reads every other (noised) one
     denoiser = True  # a diffusion denoiser: read by task.kind = "diffusion" only
-    max_context: int  # bounded: the positions' tables have max_context rows
     # (max_context, d) each: parameters (learned) or buffers (sinusoidal)
     source_positions: torch.Tensor
     target_positions: torch.Tensor
@@ -277,31 +269,22 @@ class DiffusionDenoiser(Encoder):
         self_condition: bool = True,
         max_length_difference: Count = 32,
     ) -> None:
-        super().__init__()
         d = model_size or input_size
         check_stack_options(norm, activation, positions, encoder_layers, decoder_layers)
         if max_length_difference < 0:
             raise ValueError(f"max_length_difference must be >= 0, got {max_length_difference}")
-        self.output_size, self.max_context = d, max_context
+        super().__init__(input_size, d, max_context, scale_embedding)
         self.target_size = target_size or input_size
         self.self_condition = self_condition
         self.max_length_difference = max_length_difference
-        self.scale = math.sqrt(input_size) if scale_embedding else 1.0
-        self.source_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
         reads = self.target_size * (2 if self_condition else 1)
         self.target_map = nn.Linear(reads, d)  # [x_t; x̂₀_prev] -> the model width
         for name in ("source_positions", "target_positions"):
-            if positions == "learned":
-                setattr(self, name, nn.Parameter(torch.randn(max_context, d) * 0.02))
-            else:
-                self.register_buffer(name, sinusoidal_positions(max_context, d), persistent=False)
+            add_positions(self, name, positions, max_context, d)
         self.time_mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.SiLU(), nn.Linear(4 * d, d))
         self.drop = nn.Dropout(dropout)
-        layer = (num_heads, ff_size, dropout, attention_dropout, norm, activation)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(d, *layer) for _ in range(encoder_layers))
-        self.decoder_layers = nn.ModuleList(DenoiserLayer(d, *layer) for _ in range(decoder_layers))
-        self.encoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
+        layer = LayerOptions(num_heads, ff_size, dropout, attention_dropout, norm, activation)
+        self._build_stacks(d, layer, encoder_layers, decoder_layers, DenoiserLayer)
         self.length_classifier = nn.Linear(d, 2 * max_length_difference + 1)
         self.register_buffer("sigma_min", torch.zeros(()))  # DINOISER's clip, kept with the model
         self.register_buffer("training_batches", torch.zeros((), dtype=torch.long))
@@ -310,31 +293,14 @@ class DiffusionDenoiser(Encoder):
     def num_length_classes(self) -> int:
         return 2 * self.max_length_difference + 1
 
-    def _check_length(self, length: int, what: str) -> None:
-        if length > self.max_context:
-            raise ValueError(
-                f"{what} of {length} tokens exceeds the model's max_context {self.max_context}"
-            )
-
     def start(self, source: torch.Tensor, mask: torch.Tensor, **_: object) -> DenoiserState:
         """Encode the embedded source (B, S, input_size), mask (B, S) True at real tokens."""
-        S = source.size(1)
-        self._check_length(S, "a source")
-        h = self.drop(self.source_map(source * self.scale) + self.source_positions[:S])
-        for layer in self.encoder_layers:
-            h = layer(h, mask)
-        return DenoiserState(self.encoder_norm(h), mask)
+        return DenoiserState(self._encode_source(source, mask, self.source_positions), mask)
 
     def cache_memory(self, state: DenoiserState) -> DenoiserState:
         """``state`` with every denoiser layer's cross-attention keys and values of the memory,
         for decoding (K calls read one source; :meth:`DenoiserState.select` keeps them)."""
-        cached = tuple(
-            layer.cross_attention.keys_values(state.memory)
-            for layer in cast(
-                "Iterable[DenoiserLayer]", self.decoder_layers
-            )  # a ModuleList of them
-        )
-        return replace(state, memory_keys_values=cached)
+        return replace(state, memory_keys_values=self._memory_keys_values(state.memory))
 
     def length_logits(self, state: DenoiserState) -> torch.Tensor:
         """Scores of the length differences −m..m (B, 2m + 1) from the masked mean of the memory."""

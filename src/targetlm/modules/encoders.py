@@ -257,6 +257,27 @@ def lstm_recurrence(
 FEEDFORWARD_ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
 
 
+def check_block_options(norm: str, activation: str) -> None:
+    """The layer options every Transformer stack's constructor checks (a ValueError naming the
+    first wrong one): ``norm`` pre or post, an ``activation`` of the feed-forward block."""
+    if norm not in ("pre", "post"):
+        raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
+    if activation not in FEEDFORWARD_ACTIVATIONS:
+        raise ValueError(
+            f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}, got {activation!r}"
+        )
+
+
+def add_positions(module: nn.Module, name: str, kind: str, max_context: int, d: int) -> None:
+    """Give ``module`` its absolute positions ``name`` (max_context, d): ``learned``, a parameter
+    drawn from N(0, 0.02²) (from torch's global RNG), else the sinusoidal table as a buffer that
+    is not saved (it is recomputed)."""
+    if kind == "learned":
+        setattr(module, name, nn.Parameter(torch.randn(max_context, d) * 0.02))
+    else:
+        module.register_buffer(name, sinusoidal_positions(max_context, d), persistent=False)
+
+
 @ENCODERS.register("transformer")
 class CausalTransformer(Encoder):
     """Causal Transformer decoder stack (no cross-attention), pre-LN or post-LN.
@@ -316,23 +337,13 @@ class CausalTransformer(Encoder):
     ) -> None:
         super().__init__()
         d = model_size or input_size
-        if norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-        if activation not in FEEDFORWARD_ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}, got {activation!r}"
-            )
+        check_block_options(norm, activation)
         if d % num_heads:
             raise ValueError(f"model_size {d} is not divisible by num_heads {num_heads}")
         self.output_size = d
         self.max_context = max_context
         self.input_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
-        if positions == "learned":
-            self.positions = nn.Parameter(torch.randn(max_context, d) * 0.02)
-        else:
-            self.register_buffer(
-                "positions", sinusoidal_positions(max_context, d), persistent=False
-            )
+        add_positions(self, "positions", positions, max_context, d)
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(d, num_heads, ff_size, dropout, norm, activation)
@@ -515,28 +526,11 @@ class TransformerBlock(nn.Module):
         query sees (None: all L); the keys/values returned are ``past`` with the new ones
         written there (at least L positions; with ``room``, the most positions a state holds,
         written in place where ``past`` has room, see :func:`~targetlm.modules.kv_cache.write_columns`)."""
-        if self.pre_norm:
-            attended, kv = self._attend(self.norm1(x), past, columns, mask, room, width)
-            x = x + attended
-            return x + self.drop(self.ff(self.norm2(x))), kv
-        attended, kv = self._attend(x, past, columns, mask, room, width)
-        x = self.norm1(x + attended)
-        return self.norm2(x + self.drop(self.ff(x))), kv
-
-    def _attend(
-        self,
-        x: torch.Tensor,
-        past: KeyValue | None = None,
-        columns: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        room: int | None = None,
-        width: int | None = None,
-    ) -> tuple[torch.Tensor, KeyValue]:
-        """The dropped-out attention branch, (B, T, d) -> (B, T, d), and the keys/values."""
         B, T, d = x.shape
+        y = self.norm1(x) if self.pre_norm else x  # the attention branch's input
         q, k, v = (
-            y.transpose(1, 2)  # (B, heads, T, d/heads)
-            for y in self.qkv(x).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
+            z.transpose(1, 2)  # (B, heads, T, d/heads)
+            for z in self.qkv(y).view(B, T, 3, self.num_heads, d // self.num_heads).unbind(2)
         )
         kv = None
         if columns is not None:  # rows of different lengths: write at each row's positions
@@ -563,7 +557,12 @@ class TransformerBlock(nn.Module):
             is_causal=past is None and mask is None,  # (a cache without a mask: every key)
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d))), kv or (k, v)
+        attended = self.drop(self.proj(attention.transpose(1, 2).reshape(B, T, d)))
+        if self.pre_norm:
+            x = x + attended
+            return x + self.drop(self.ff(self.norm2(x))), kv or (k, v)
+        x = self.norm1(x + attended)
+        return self.norm2(x + self.drop(self.ff(x))), kv or (k, v)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Literal, cast
+from typing import Literal, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,8 @@ from targetlm.modules.encoders import (
     ENCODERS,
     FEEDFORWARD_ACTIVATIONS,
     Encoder,
-    sinusoidal_positions,
+    add_positions,
+    check_block_options,
 )
 from targetlm.registry import Fraction, Size
 
@@ -112,14 +113,19 @@ class Attention(nn.Module):
         return self.split(F.linear(x, self.in_proj.weight[:d], self.in_proj.bias[:d]))
 
     def self_attend(
-        self, x: torch.Tensor, past: KeyValue | None, *, key_mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        past: KeyValue | None = None,
+        *,
+        causal: bool = True,
+        key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KeyValue]:
-        """Causal self-attention of x (B, T, d) after the carried keys/values ``past``:
-        the output and all keys/values (past + x's)."""
+        """Self-attention of x (B, T, d) after the carried keys/values ``past`` (causal: each
+        query sees the keys up to its own position): the output and all keys/values (past + x's)."""
         q, k, v = (self.split(y) for y in self.in_proj(x).chunk(3, -1))
         if past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        return self.attend(q, (k, v), causal=True, key_mask=key_mask), (k, v)
+        return self.attend(q, (k, v), causal=causal, key_mask=key_mask), (k, v)
 
     def forward(
         self,
@@ -181,12 +187,10 @@ class EncoderLayer(_Block):
         super().__init__(d, ff_size, dropout, norm, activation, sublayers=2)
         self.attention = Attention(d, num_heads, attention_dropout)
 
-    def _self_attend(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        q, k, v = (self.attention.split(y) for y in self.attention.in_proj(x).chunk(3, -1))
-        return self.attention.attend(q, (k, v), key_mask=mask)
-
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.residual(0, x, lambda y: self._self_attend(y, mask))
+        x = self.residual(
+            0, x, lambda y: self.attention.self_attend(y, causal=False, key_mask=mask)[0]
+        )
         return self.residual(1, x, self.ff)
 
 
@@ -220,20 +224,81 @@ def check_stack_options(
     norm: str, activation: str, positions: str, encoder_layers: int, decoder_layers: int
 ) -> None:
     """The options an encoder–decoder stack's constructor checks (ValueError naming the first)."""
-    if norm not in ("pre", "post"):
-        raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-    if activation not in FEEDFORWARD_ACTIVATIONS:
-        raise ValueError(
-            f"activation must be one of {sorted(FEEDFORWARD_ACTIVATIONS)}, got {activation!r}"
-        )
+    check_block_options(norm, activation)
     if positions not in ("learned", "sinusoidal"):
         raise ValueError(f"positions must be 'learned' or 'sinusoidal', got {positions!r}")
     if min(encoder_layers, decoder_layers) < 1:
         raise ValueError("encoder_layers and decoder_layers must be >= 1")
 
 
+class LayerOptions(NamedTuple):
+    """What every layer of an encoder–decoder's two stacks is built with, after the width d."""
+
+    num_heads: int
+    ff_size: int
+    dropout: float
+    attention_dropout: float
+    norm: str
+    activation: str
+
+
+class SourceConditioned(Encoder):
+    """Base of the encoders that read a source besides the stream: the embedded source (scaled,
+    mapped to the model width d, positioned) through a stack of :class:`EncoderLayer` is the
+    memory that every layer of a decoder stack cross-attends to (``cross_attention``)."""
+
+    conditional = True  # needs a source: forward's state comes from start()
+    max_context: int  # bounded: the positions' tables have max_context rows
+    drop: nn.Dropout
+    encoder_layers: nn.ModuleList
+    decoder_layers: nn.ModuleList
+
+    def __init__(self, input_size: int, d: int, max_context: int, scale_embedding: bool) -> None:
+        super().__init__()
+        self.output_size, self.max_context = d, max_context
+        self.scale = math.sqrt(input_size) if scale_embedding else 1.0
+        self.source_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
+
+    def _build_stacks(
+        self,
+        d: int,
+        layer: LayerOptions,
+        encoder_layers: int,
+        decoder_layers: int,
+        decoder_layer: type[DecoderLayer],
+    ) -> None:
+        """The two stacks of ``layer``'s layers, and each stack's final LayerNorm when pre-LN."""
+        self.encoder_layers = nn.ModuleList(EncoderLayer(d, *layer) for _ in range(encoder_layers))
+        self.decoder_layers = nn.ModuleList(decoder_layer(d, *layer) for _ in range(decoder_layers))
+        self.encoder_norm = nn.LayerNorm(d) if layer.norm == "pre" else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if layer.norm == "pre" else nn.Identity()
+
+    def _check_length(self, length: int, what: str) -> None:
+        if length > self.max_context:
+            raise ValueError(
+                f"{what} of {length} tokens exceeds the model's max_context {self.max_context}"
+            )
+
+    def _encode_source(
+        self, source: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """The memory (B, S, d) of the embedded source (B, S, input_size), mask (B, S) True at
+        real tokens, ``positions`` the source's table."""
+        S = source.size(1)
+        self._check_length(S, "a source")
+        h = self.drop(self.source_map(source * self.scale) + positions[:S])
+        for layer in self.encoder_layers:
+            h = layer(h, mask)
+        return self.encoder_norm(h)
+
+    def _memory_keys_values(self, memory: torch.Tensor) -> tuple[KeyValue, ...]:
+        """Every decoder layer's cross-attention keys and values of ``memory`` (B, S, d)."""
+        layers = cast("Iterable[DecoderLayer]", self.decoder_layers)  # their cross_attention
+        return tuple(layer.cross_attention.keys_values(memory) for layer in layers)
+
+
 @ENCODERS.register("transformer_seq2seq")
-class TransformerSeq2Seq(Encoder):
+class TransformerSeq2Seq(SourceConditioned):
     """Encoder–decoder Transformer: a bidirectional encoder over the source, a causal decoder
     with cross-attention over it (fairseq's ``transformer``; Heo et al.'s Small Enc-Dec TF is
     d 512, ff 1024, 6 + 6 layers, 4 heads, post-LN).
@@ -256,8 +321,6 @@ class TransformerSeq2Seq(Encoder):
         scale_embedding: multiply the embedded tokens by √d (Vaswani et al., fairseq).
     """
 
-    conditional = True  # needs a source: forward's state comes from start()
-    max_context: int  # bounded: the positions' table has max_context rows
     positions: torch.Tensor  # (max_context, d): a parameter (learned) or a buffer (sinusoidal)
 
     def __init__(
@@ -276,34 +339,14 @@ class TransformerSeq2Seq(Encoder):
         activation: Literal["gelu", "relu"] = "relu",
         scale_embedding: bool = True,
     ) -> None:
-        super().__init__()
         d = model_size or input_size
         check_stack_options(norm, activation, positions, encoder_layers, decoder_layers)
-        self.output_size, self.max_context = d, max_context
-        self.scale = math.sqrt(input_size) if scale_embedding else 1.0
-        self.source_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
+        super().__init__(input_size, d, max_context, scale_embedding)
         self.target_map = nn.Linear(input_size, d) if d != input_size else nn.Identity()
-        if positions == "learned":
-            self.positions = nn.Parameter(torch.randn(max_context, d) * 0.02)
-        else:
-            self.register_buffer(
-                "positions", sinusoidal_positions(max_context, d), persistent=False
-            )
+        add_positions(self, "positions", positions, max_context, d)
         self.drop = nn.Dropout(dropout)
-        layer = (num_heads, ff_size, dropout, attention_dropout, norm, activation)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(d, *layer) for _ in range(encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(d, *layer) for _ in range(decoder_layers))
-        self.encoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d) if norm == "pre" else nn.Identity()
-
-    def _decoder_stack(self) -> Iterable[DecoderLayer]:
-        return cast("Iterable[DecoderLayer]", self.decoder_layers)  # a ModuleList of them
-
-    def _check_length(self, length: int, what: str) -> None:
-        if length > self.max_context:
-            raise ValueError(
-                f"{what} of {length} tokens exceeds the model's max_context {self.max_context}"
-            )
+        layer = LayerOptions(num_heads, ff_size, dropout, attention_dropout, norm, activation)
+        self._build_stacks(d, layer, encoder_layers, decoder_layers, DecoderLayer)
 
     def start(
         self, source: torch.Tensor, mask: torch.Tensor, *, cache: bool = False
@@ -311,17 +354,9 @@ class TransformerSeq2Seq(Encoder):
         """Encode the embedded source (B, S, input_size) with mask (B, S) (True = a real
         token): the state a target prefix starts from. ``cache``: keep keys/values while
         decoding (one token per call)."""
-        self._check_length(source.size(1), "a source")
-        S = source.size(1)
-        h = self.drop(self.source_map(source * self.scale) + self.positions[:S])
-        for layer in self.encoder_layers:
-            h = layer(h, mask)
-        state = DecoderState(self.encoder_norm(h), mask)
+        state = DecoderState(self._encode_source(source, mask, self.positions), mask)
         if cache:
-            memory_kv = tuple(
-                layer.cross_attention.keys_values(state.memory) for layer in self._decoder_stack()
-            )
-            state = replace(state, self_kv=(), memory_kv=memory_kv)
+            state = replace(state, self_kv=(), memory_kv=self._memory_keys_values(state.memory))
         return state
 
     def forward(
@@ -338,11 +373,7 @@ class TransformerSeq2Seq(Encoder):
         self._check_length(start + T, "a target prefix")
         h = self.drop(self.target_map(x * self.scale) + self.positions[start : start + T])
         cached = state.self_kv is not None
-        memory_kv = state.memory_kv
-        if memory_kv is None:
-            memory_kv = tuple(
-                layer.cross_attention.keys_values(state.memory) for layer in self._decoder_stack()
-            )
+        memory_kv = state.memory_kv or self._memory_keys_values(state.memory)
         new_kv = []
         for i, layer in enumerate(self.decoder_layers):
             past = state.self_kv[i] if cached and state.self_kv else None
