@@ -212,7 +212,8 @@ class Checkpointer:
         progress = checkpoint["progress"]
         self.step = progress["step"]
         state = _to_device(checkpoint["state"], device)
-        for name, module in cached_modules(parts.model):  # e.g. GroC's reused E_out (sparse updates)
+        # the training caches, e.g. GroC's reused E_out (sparse updates)
+        for name, module in cached_modules(parts.model):
             module.load_training_cache(_to_device(checkpoint["caches"].get(name), device))
         torch.set_rng_state(checkpoint["rng"]["torch"])
         random.setstate(_as_tuple(checkpoint["rng"]["python"]))
