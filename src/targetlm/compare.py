@@ -31,7 +31,6 @@ import json
 import math
 import re
 import statistics
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,11 +40,6 @@ from typing import Any
 from targetlm import config as config_lib
 from targetlm.files import write_figure
 from targetlm.registry import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 METRICS = ("ppl", "bleu", "chrf", "accuracy", "macro_f1")  # the last two: classification
 LOWER_IS_BETTER = {"ppl": True, "bleu": False, "chrf": False, "accuracy": False, "macro_f1": False}
@@ -280,11 +274,9 @@ def flat_config(data: dict[str, Any]) -> dict[str, Any]:
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise CompareError(f"{path}: not valid TOML ({error})") from None
-    except RecursionError:
-        raise CompareError(f"{path}: not a config (its values are nested too deeply)") from None
+        return config_lib.load_table(path)
+    except ConfigError as error:  # the config reader's message, as compare's error
+        raise CompareError(str(error)) from None
 
 
 def _read_json(path: Path) -> Any:
