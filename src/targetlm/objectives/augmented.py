@@ -10,12 +10,13 @@ from targetlm import functional
 from targetlm.chunked import LogitTerms
 from targetlm.data.batching import IGNORE
 from targetlm.modules.interfaces import EmbeddingTable
-from targetlm.objectives.base import OBJECTIVES, LossSums, Objective
+from targetlm.objectives.base import OBJECTIVES, Count
+from targetlm.objectives.cross_entropy import CrossEntropyObjective
 from targetlm.registry import Fraction, NonNegative, Positive, Probability
 
 
 @OBJECTIVES.register("augmented")
-class AugmentedLossObjective(Objective):
+class AugmentedLossObjective(CrossEntropyObjective):
     """``J + α·KL(ỹ ‖ ŷ)`` (AL; eq. 3.3), or the analysis form ``β·τ²·|V|·J_aug + (1−β)·J``.
 
     J is the (optionally label-smoothed) cross entropy; ``J_aug`` the mean KL term of
@@ -50,7 +51,7 @@ class AugmentedLossObjective(Objective):
         target_source: Literal["input", "output"] = "input",
         embedding: EmbeddingTable | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(label_smoothing, z_loss)
         if target_source == "input" and embedding is None:
             raise ValueError(
                 "target_source = 'input' needs the model's input embedding "
@@ -60,15 +61,9 @@ class AugmentedLossObjective(Objective):
             raise ValueError(f"tau must be > 0, got {tau}")
         if beta is not None and not 0 <= beta <= 1:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
-        if not 0 <= label_smoothing < 1:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        if z_loss < 0:
-            raise ValueError(f"z_loss must be >= 0, got {z_loss}")
         self.tau = tau
         self.alpha = gamma * tau if alpha is None else alpha
         self.beta = beta
-        self.label_smoothing = label_smoothing
-        self.z_loss = z_loss
         self.detach_target = detach_target
         # :meth:`logit_terms` exists only for a constant ỹ (the chunked path's)
         self.chunkable = detach_target
@@ -97,23 +92,19 @@ class AugmentedLossObjective(Objective):
             soft_table=self._table(weight),
         )
 
-    def forward(
+    def terms(
         self,
-        predicted: torch.Tensor,
+        logits: torch.Tensor,
         targets: torch.Tensor,
         weight: torch.Tensor,
-        bias: torch.Tensor | None,
-    ) -> LossSums:
-        """Terms (1, Σ CE) and (α, Σ KL), or (β·τ²·|V|, Σ KL) and (1 − β, Σ CE); then
+        ce_sum: torch.Tensor,
+        count: Count,
+    ) -> list[tuple[float, torch.Tensor]]:
+        """(1, Σ CE) and (α, Σ KL), or (β·τ²·|V|, Σ KL) and (1 − β, Σ CE); then
         (z_loss, Σ (log Z)²) when asked for; all over the scored positions."""
-        logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
-        targets = targets.reshape(-1)
-        ce_sum, nll_sum, count = functional.cross_entropy(
-            logits, targets, self.label_smoothing, reduction="sum"
-        )
         compiling = torch.compiler.is_compiling()  # count is a tensor: no branch on it
         if not compiling and count == 0:
-            return LossSums(((1.0, ce_sum),), nll_sum, count)
+            return [(1.0, ce_sum)]
         z_sum = functional.z_loss(logits, targets, reduction="sum") if self.z_loss else None
         table = self._table(weight)
         if compiling:  # static shapes: padding weighted by 0
@@ -135,4 +126,4 @@ class AugmentedLossObjective(Objective):
             terms = [(self.beta * self.tau**2 * weight.size(0), kl_sum), (1 - self.beta, ce_sum)]
         if z_sum is not None:
             terms.append((self.z_loss, z_sum))
-        return LossSums(tuple(terms), nll_sum, count)
+        return terms
