@@ -62,38 +62,12 @@ class TokenScores:
         }
 
 
-@torch.no_grad()
 def score_text(
-    model: LanguageModel,
-    vocab: Vocabulary,
-    tokens: Sequence[str],
-    *,
-    open_vocabulary: bool = False,
-    combiners: Combiners | None = None,
-    batch_size: int = 10,
-    segment: int = 35,
-    lexicon: Any = None,
-    device: str | torch.device = "cpu",
+    model: LanguageModel, vocab: Vocabulary, tokens: Sequence[str], **options: Any
 ) -> TokenScores:
-    """Score every token of ``tokens`` (a split as read, ending with ``<eos>``).
-
-    ``open_vocabulary=False`` is the usual closed evaluation: new words are ``<unk>`` targets
-    and inputs (and count as OOV). ``lexicon``: what GroC layers (input and output) ground the
-    evaluation vocabulary in (None: each layer's own lexicon merged with WordNet's entries for
-    the new words). The stream layout, and so the result, is that of ``evaluate_stream``.
-    The main head's scores; :func:`score_streams` also returns the head ensemble's.
-    """
-    return score_streams(
-        model,
-        vocab,
-        tokens,
-        open_vocabulary=open_vocabulary,
-        combiners=combiners,
-        batch_size=batch_size,
-        segment=segment,
-        lexicon=lexicon,
-        device=device,
-    )[0]
+    """Score every token of ``tokens`` (a split as read, ending with ``<eos>``): the main
+    head's scores of :func:`score_streams`, whose keyword ``options`` it takes."""
+    return score_streams(model, vocab, tokens, **options)[0]
 
 
 @torch.no_grad()
@@ -109,8 +83,14 @@ def score_streams(
     lexicon: Any = None,
     device: str | torch.device = "cpu",
 ) -> list[TokenScores]:
-    """:func:`score_text` for every stream in one pass: the main head's scores first, then one
-    per λ of ``combiners.ensemble_lambdas``, each with the probability combiners applied."""
+    """Score every token of ``tokens`` (a split as read, ending with ``<eos>``) for every
+    stream in one pass: the main head's scores first, then one per λ of
+    ``combiners.ensemble_lambdas``, each with the probability combiners applied.
+
+    ``open_vocabulary=False`` is the usual closed evaluation: new words are ``<unk>`` targets
+    and inputs (and count as OOV). ``lexicon``: what GroC layers (input and output) ground the
+    evaluation vocabulary in (None: each layer's own lexicon merged with WordNet's entries for
+    the new words). The stream layout, and so the result, is that of ``evaluate_stream``."""
     combiners = combiners or Combiners()
     text = [EOS, *tokens]  # the context token, as in every evaluation path
     eval_words = list(vocab.itos)
