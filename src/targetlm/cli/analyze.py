@@ -17,7 +17,7 @@ from targetlm.cli.common import (
     floats,
     number_in,
     run_tokens,
-    score,
+    score_streams,
     settings,
 )
 from targetlm.cli.compare import PLOT_FORMATS
@@ -157,8 +157,8 @@ def freq_bins(args: argparse.Namespace) -> int:
         )
     split = getattr(config.data, args.split)
     tokens = run_tokens(config, vocab, split)  # the same text for both runs
-    first = score(model_a, vocab, config, tokens, args.open_vocab, combiners)
-    second = score(model_b, vocab, config_b, tokens, args.open_vocab, combiners)
+    [first] = score_streams(model_a, vocab, config, tokens, args.open_vocab, combiners)
+    [second] = score_streams(model_b, vocab, config_b, tokens, args.open_vocab, combiners)
     rows = frequency_bin_table(first, second, dict(zip(vocab.itos, vocab.counts)))
     name_a, name_b = Path(args.run_a).name, Path(args.run_b).name
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -78,18 +78,6 @@ def eval_overrides(args: argparse.Namespace) -> list[str]:
     return [*args.set, *(["data.lowercase=true"] if args.lowercase else [])]
 
 
-def score(
-    model: LanguageModel,
-    vocab: Vocabulary,
-    config: config_lib.Config,
-    tokens: Sequence[str],
-    open_vocab: bool,
-    combiners: Combiners,
-) -> TokenScores:
-    """Per-token scores of ``tokens`` (``score_text``) with the run's evaluation batching."""
-    return score_streams(model, vocab, config, tokens, open_vocab, combiners)[0]
-
-
 def score_streams(
     model: LanguageModel,
     vocab: Vocabulary,
@@ -98,8 +86,8 @@ def score_streams(
     open_vocab: bool,
     combiners: Combiners,
 ) -> list[TokenScores]:
-    """Per-token scores of the main head and of each ensemble λ (``score_streams``, one pass)
-    with the run's evaluation batching."""
+    """Per-token scores of the main head and of each ensemble λ of ``combiners`` (none: the
+    main head's alone; ``score_streams``, one pass) with the run's evaluation batching."""
     from targetlm.inference.scoring import score_streams
 
     if (
@@ -250,11 +238,19 @@ def add_set_option(
     p.add_argument(flag, action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
-def add_ensemble_lambdas_option(p: argparse.ArgumentParser, help: str) -> None:
-    """--ensemble-lambda L,L,...: the head ensemble's λ values, scored in the same pass."""
+def add_evaluation_options(p: argparse.ArgumentParser, ensemble_help: str) -> None:
+    """What ``eval`` and ``score`` read a run with: --set, --ensemble-lambda L,L,... (the
+    head ensemble's λ values, scored in the same pass; ``ensemble_help`` says what the command
+    reports of them) and the scoring options (:func:`add_scoring_options`)."""
+    add_set_option(p)
     p.add_argument(
-        "--ensemble-lambda", type=ENSEMBLE_LAMBDAS, default=[], metavar="L,L,...", help=help
+        "--ensemble-lambda",
+        type=ENSEMBLE_LAMBDAS,
+        default=[],
+        metavar="L,L,...",
+        help=ensemble_help,
     )
+    add_scoring_options(p)
 
 
 def add_scoring_options(p: argparse.ArgumentParser) -> None:

@@ -10,13 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from targetlm.cli.common import (
-    add_ensemble_lambdas_option,
-    add_scoring_options,
-    add_set_option,
+    add_evaluation_options,
     check_combiners,
     combiners_from_args,
     eval_overrides,
-    score,
     score_streams,
     settings,
 )
@@ -69,7 +66,8 @@ def oov_options(args: argparse.Namespace, config) -> list[str]:
 def known_word_perplexity(model, vocab, config, tokens: Sequence[str]) -> float | None:
     """The perplexity over the tokens of ``tokens`` that are vocabulary words (a second,
     per-token pass, as ``targetlm score`` scores them); None when there are none."""
-    return score(model, vocab, config, tokens, False, Combiners()).summary()["ppl_known"]
+    [main] = score_streams(model, vocab, config, tokens, False, Combiners())
+    return main.summary()["ppl_known"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -269,8 +267,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PATH",
         help="any text file instead, read like a split with the run's tokenizer and vocabulary",
     )
-    add_set_option(p)
-    add_ensemble_lambdas_option(
+    add_evaluation_options(
         p,
         "also the N-gram head ensemble's ppl for each λ in [0, 1] (one pass; composes "
         "with --open-vocab and the caches, which then apply to every λ)",
@@ -282,6 +279,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "on the next word, head n's on the word n ahead; a second pass)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    add_scoring_options(p)
     add_quiet_option(p)
     p.set_defaults(func=run)

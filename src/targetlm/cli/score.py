@@ -8,9 +8,7 @@ import json
 from pathlib import Path
 
 from targetlm.cli.common import (
-    add_ensemble_lambdas_option,
-    add_scoring_options,
-    add_set_option,
+    add_evaluation_options,
     check_combiners,
     combiners_from_args,
     eval_overrides,
@@ -79,10 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_force_option(p)
     add_quiet_option(p)
-    add_set_option(p)
-    add_ensemble_lambdas_option(
-        p,
-        "also each λ's log-probability (record key 'ensemble'), in the same pass",
+    add_evaluation_options(
+        p, "also each λ's log-probability (record key 'ensemble'), in the same pass"
     )
-    add_scoring_options(p)
     p.set_defaults(func=run)
