@@ -41,16 +41,10 @@ class StreamReader(Protocol):
     sits below the tasks that call it."""
 
     def batches(
-        self,
-        ids: torch.Tensor,
-        batch_size: int,
-        segment: int,
-        *,
-        train: bool,
-        lookahead: int = 0,
-        input_ids: torch.Tensor | None = None,
-        positions: bool = False,
-    ) -> Sequence[Batch]: ...
+        self, ids: torch.Tensor, batch_size: int, segment: int, **options: Any
+    ) -> Sequence[Batch]:
+        """The batches of the stream ``ids``; ``options``: those of
+        :func:`~targetlm.data.batching.stream_batches`."""
 
     def predict(
         self, model: LanguageModel, batch: Batch, state: Any = None, *, run_heads: bool = True
