@@ -24,7 +24,7 @@ exactly (the heads are not even run).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from targetlm import functional
 from targetlm.data.batching import Batch
-from targetlm.inference.translate import decode_in_batches, timed_texts, until_eos
+from targetlm.inference.translate import decode_in_batches, until_eos
 from targetlm.modules.diffusion import SAMPLERS, NoiseSchedule, denoiser_of
 from targetlm.modules.model import LanguageModel, Prediction, evaluating
 from targetlm.objectives.diffusion import DiffusionLoss
@@ -42,8 +42,8 @@ from targetlm.registry import ConfigError
 
 class DiffusionTask(Protocol):
     """What diffusion decoding asks of its task (:class:`targetlm.tasks.diffusion.DiffusionTask`
-    is one): its decoding options, noise schedule, end time, logit layer and one denoising
-    prediction. A protocol, so that inference sits below the tasks that call it."""
+    is one): its decoding options, noise schedule, end time and logit layer. A protocol, so
+    that inference sits below the tasks that call it."""
 
     decode: dict[str, Any]
     decode_schedule: NoiseSchedule
@@ -51,17 +51,6 @@ class DiffusionTask(Protocol):
     def end_time(self, model: LanguageModel) -> float: ...
 
     def logits(self, model: LanguageModel, estimate: torch.Tensor) -> torch.Tensor: ...
-
-    def predict(
-        self,
-        model: LanguageModel,
-        batch: Batch,
-        state: Any = None,
-        *,
-        run_heads: bool = True,
-        generator: torch.Generator | None = None,
-        coin_generator: torch.Generator | None = None,
-    ) -> Prediction: ...
 
 
 @dataclass(frozen=True)
@@ -253,45 +242,20 @@ def translate_ids(
     )
 
 
-def translate_texts(
-    model: LanguageModel,
-    vocab: Any,
-    sources: Sequence[torch.Tensor],
-    options: DiffusionDecodeOptions,
-    *,
-    task: DiffusionTask,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    target_lengths: Sequence[int] | None = None,
-) -> tuple[list[str], float]:
-    """Detokenized outputs of ``sources`` (ids) and the decoding time in seconds."""
-    return timed_texts(
-        vocab,
-        lambda: translate_ids(
-            model,
-            task,
-            sources,
-            options,
-            vocab.eos_id,
-            batch_size=batch_size,
-            device=device,
-            target_lengths=target_lengths,
-        ),
-    )
-
-
 @torch.no_grad()
 def evaluate_diffusion(
     model: LanguageModel,
     batches: Sequence[Batch],
-    task: DiffusionTask,
+    predict: Callable[..., Prediction],
     loss: DiffusionLoss,
     device: str | torch.device = "cpu",
     seed: int = 0,
 ) -> dict[str, Any]:
-    """The validation losses at seeded times and noise: ``loss`` (the training total),
-    ``mse`` (L₀), ``head_mse`` (L_n), ``nll``/``ppl`` (the anchor cross-entropy per target
-    token), ``length_loss`` and ``length_accuracy`` (per sentence), ``tokens``, ``sentences``."""
+    """The validation losses at seeded times and noise (each batch noised and denoised by
+    ``predict``, the task's, with its ``generator`` and ``coin_generator``): ``loss`` (the
+    training total), ``mse`` (L₀), ``head_mse`` (L_n), ``nll``/``ppl`` (the anchor
+    cross-entropy per target token), ``length_loss`` and ``length_accuracy`` (per sentence),
+    ``tokens``, ``sentences``."""
     generator = torch.Generator(device=device).manual_seed(seed)
     coins = torch.Generator().manual_seed(seed) if generator.device.type != "cpu" else None
     with evaluating(model):
@@ -307,7 +271,7 @@ def evaluate_diffusion(
         tokens = sentences = 0
         for batch in batches:
             batch = batch.to(device)
-            prediction = task.predict(model, batch, generator=generator, coin_generator=coins)
+            prediction = predict(model, batch, generator=generator, coin_generator=coins)
             terms = loss.terms(prediction, batch.targets, weight, bias)
             count, rows = terms["anchor"].count, batch.targets.size(0)
             sums["loss"] += float(terms["loss"]) * count

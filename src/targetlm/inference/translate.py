@@ -346,25 +346,6 @@ def timed_texts(vocab: Any, translate: Callable[[], list[list[int]]]) -> tuple[l
     return [decode_ids(vocab.tokenizer, vocab, ids) for ids in outputs], seconds
 
 
-def translate_texts(
-    model: LanguageModel,
-    vocab: Any,
-    sources: Sequence[torch.Tensor],
-    options: DecodeOptions,
-    *,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-) -> tuple[list[str], float]:
-    """Detokenized translations of ``sources`` (ids) with the run's tokenizer, and the
-    decoding time in seconds."""
-    return timed_texts(
-        vocab,
-        lambda: translate_ids(
-            model, sources, options, vocab.eos_id, batch_size=batch_size, device=device
-        ),
-    )
-
-
 @torch.no_grad()
 def evaluate_pairs(
     model: LanguageModel, batches: Sequence[Batch], task: Any, device: str | torch.device = "cpu"

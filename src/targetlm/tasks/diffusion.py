@@ -18,7 +18,6 @@ are ½·L₀ + α/(2N−2)·Σ L_n, Heo et al. 2025 eqs. 11–12, head n's x̂�
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -264,7 +263,7 @@ class DiffusionTask(SentencePairTask):
             denoiser_of(model)
             objective = build_objective(self.config.objective, model)
             loss = diffusion_loss(objective, model.heads, **self.loss_weights())
-        return evaluate_diffusion(model, self.data.batches[split], self, loss, self.device)
+        return evaluate_diffusion(model, self.data.batches[split], self.predict, loss, self.device)
 
     def split_results(self, model: LanguageModel, split: str) -> dict[str, Any]:
         """The validation losses with BLEU and chrF of diffusion decoding (the ``[task]``
@@ -288,10 +287,15 @@ class DiffusionTask(SentencePairTask):
         overrides = {key: value for key, value in diffusion.items() if key != "oracle_length"}
         return decode_options(self, ensemble_lambda, **overrides)
 
-    def decoder(self) -> Callable[..., tuple[list[str], float]]:
-        from targetlm.inference.diffusion import translate_texts
+    def decoder(self) -> Callable[..., list[list[int]]]:
+        from targetlm.inference.diffusion import translate_ids
 
-        return functools.partial(translate_texts, task=self)
+        def decode(
+            model: LanguageModel, sources: Any, *args: Any, **settings: Any
+        ) -> list[list[int]]:
+            return translate_ids(model, self, sources, *args, **settings)
+
+        return decode
 
     def decoding_summary(self, options: Any) -> dict[str, Any]:
         return {"beam": options.beam, **options.summary()}

@@ -221,20 +221,22 @@ class SentencePairTask(Task[LanguageModel]):
         device: str | torch.device,
         target_lengths: Sequence[int] | None = None,
     ) -> tuple[list[str], float]:
-        """The detokenized outputs of ``sources`` (ids) and the decoding time in seconds, by
-        :meth:`decoder`; ``target_lengths``: each output's length (a decoder that
-        :attr:`decodes_at_lengths`)."""
-        if target_lengths is not None and not self.decodes_at_lengths:
-            raise ConfigError("--oracle-length is for diffusion runs")
-        lengths = {} if target_lengths is None else {"target_lengths": target_lengths}
-        decode = self.decoder()
-        return decode(
-            model, vocab, sources, options, batch_size=batch_size, device=device, **lengths
-        )
+        """The detokenized outputs of ``sources`` (ids) with the run's tokenizer and the
+        decoding time in seconds, by :meth:`decoder`; ``target_lengths``: each output's length
+        (a decoder that :attr:`decodes_at_lengths`)."""
+        from targetlm.inference.translate import timed_texts
 
-    def decoder(self) -> Callable[..., tuple[list[str], float]]:
-        """The function that decodes a list of sources: ``(model, vocab, sources, options, *,
-        batch_size, device[, target_lengths])`` -> (outputs, seconds)."""
+        settings: dict[str, Any] = {"batch_size": batch_size, "device": device}
+        if target_lengths is not None:
+            if not self.decodes_at_lengths:
+                raise ConfigError("--oracle-length is for diffusion runs")
+            settings["target_lengths"] = target_lengths
+        decode = self.decoder()
+        return timed_texts(vocab, lambda: decode(model, sources, options, vocab.eos_id, **settings))
+
+    def decoder(self) -> Callable[..., list[list[int]]]:
+        """The function that decodes a list of sources: ``(model, sources, options, eos, *,
+        batch_size, device[, target_lengths])`` -> the output ids of each."""
         raise NotImplementedError
 
     def decoding_summary(self, options: Any) -> dict[str, Any]:
@@ -323,10 +325,10 @@ class TranslationTask(SentencePairTask):
         given = {key: value for key, value in beam.items() if value is not None}
         return DecodeOptions(ensemble_lambda=ensemble_lambda, **given)
 
-    def decoder(self) -> Callable[..., tuple[list[str], float]]:
-        from targetlm.inference.translate import translate_texts
+    def decoder(self) -> Callable[..., list[list[int]]]:
+        from targetlm.inference.translate import translate_ids
 
-        return translate_texts
+        return translate_ids
 
     def evaluate_run(
         self, model: LanguageModel, split: str, ensemble_lambda: float
