@@ -23,6 +23,8 @@ y_{t−n}..y_{t−1}, which are inputs t−n+1..t: words already read (no future
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
@@ -262,16 +264,9 @@ class WindowedBlocks(nn.Module):
         return self.blocks[index](x, mask=self.mask(x.size(1), x.device))[0]
 
 
-@HEADS.register("gloeckle")
-class ParallelTransformerHeads(NgramHeads):
-    """Gloeckle et al. 2024 ("Better & Faster Large Language Models via Multi-token
-    Prediction", arXiv:2404.19737): head n is one transformer layer over the trunk's shared
-    hidden states, ``x̂_{t+n} = Layer^n(x̂_{≤t})``, read by the model's output layer (the shared
-    unembedding); the heads run in parallel and read no words. Their loss sums the heads'
-    cross entropies with equal weights (configs/tf-small-ptb-gloeckle.toml).
-
-    Each layer attends causally over its last ``window`` columns and starts as the identity
-    (zero-initialised output projections: an untrained head drafts what the main head would).
+class WindowedTransformerHeads(NgramHeads):
+    """Base of the heads whose layers are windowed causal transformer blocks
+    (:class:`WindowedBlocks`, one per head or depth, ``self.layers``).
 
     Args:
         embedding_dim: d (supplied by the builder).
@@ -281,6 +276,8 @@ class ParallelTransformerHeads(NgramHeads):
         window: the columns each query attends to (itself included).
         dropout: on attention weights and residual branches.
     """
+
+    layers: WindowedBlocks
 
     def __init__(
         self,
@@ -293,9 +290,33 @@ class ParallelTransformerHeads(NgramHeads):
     ) -> None:
         self._begin(n, residual=False)
         self.window = window
-        self.layers = WindowedBlocks(
-            n - 1, embedding_dim, num_attention_heads, ff_size or 4 * embedding_dim, window, dropout
+        d = embedding_dim
+        self._build(
+            d,
+            partial(
+                WindowedBlocks, n - 1, d, num_attention_heads, ff_size or 4 * d, window, dropout
+            ),
         )
+
+    def _build(self, d: int, layers: Callable[[], WindowedBlocks]) -> None:
+        """Build the modules of this kind; ``layers()`` builds the blocks (called where their
+        parameters are to be initialised among the kind's others)."""
+        self.layers = layers()
+
+
+@HEADS.register("gloeckle")
+class ParallelTransformerHeads(WindowedTransformerHeads):
+    """Gloeckle et al. 2024 ("Better & Faster Large Language Models via Multi-token
+    Prediction", arXiv:2404.19737): head n is one transformer layer over the trunk's shared
+    hidden states, ``x̂_{t+n} = Layer^n(x̂_{≤t})``, read by the model's output layer (the shared
+    unembedding); the heads run in parallel and read no words. Their loss sums the heads'
+    cross entropies with equal weights (configs/tf-small-ptb-gloeckle.toml).
+
+    Each layer attends causally over its last ``window`` columns and starts as the identity
+    (zero-initialised output projections: an untrained head drafts what the main head would).
+
+    Args: those of :class:`WindowedTransformerHeads`.
+    """
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """x̂ (B, T, d) -> each head's layer over it, (N−1, B, T, d)."""
@@ -312,7 +333,7 @@ class ParallelTransformerHeads(NgramHeads):
 
 
 @HEADS.register("mtp")
-class SequentialMtpHeads(NgramHeads):
+class SequentialMtpHeads(WindowedTransformerHeads):
     """DeepSeek-V3's sequential multi-token prediction modules (DeepSeek-AI 2024, §2.2,
     arXiv:2412.19437). Depth k = 1..N−1 at column t::
 
@@ -332,36 +353,17 @@ class SequentialMtpHeads(NgramHeads):
     prefix), so drafting caches a bounded window of keys/values per depth
     (``inference.drafters``).
 
-    Args:
-        embedding_dim: d (supplied by the builder).
-        n: N, the number of predicted positions including the main one (N − 1 depths).
-        num_attention_heads: attention heads per block (must divide d).
-        ff_size: the feed-forward width (default 4d).
-        window: the columns each query attends to (itself included).
-        dropout: on attention weights and residual branches.
+    Args: those of :class:`WindowedTransformerHeads` (N − 1 depths, one block each).
     """
 
     reads_words = True
 
-    def __init__(
-        self,
-        embedding_dim: int,
-        n: HeadCount = 2,
-        num_attention_heads: Size = 4,
-        ff_size: Size | None = None,
-        window: Size = 16,
-        dropout: Fraction = 0.0,
-    ) -> None:
-        self._begin(n, residual=False)
-        d = embedding_dim
-        self.window = window
-        depths = n - 1
+    def _build(self, d: int, layers: Callable[[], WindowedBlocks]) -> None:
+        depths = self.num_predictions - 1
         self.hidden_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
         self.word_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
         self.projections = nn.ModuleList(nn.Linear(2 * d, d, bias=False) for _ in range(depths))
-        self.layers = WindowedBlocks(
-            depths, d, num_attention_heads, ff_size or 4 * d, window, dropout
-        )
+        self.layers = layers()
         self.output_norms = nn.ModuleList(nn.RMSNorm(d) for _ in range(depths))
 
     @property
