@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,23 @@ from targetlm.config import Config
 from targetlm.files import write_figure
 
 CURVE = "learning_curve.png"
+
+# the figures of a report's results table, by the figure of the test split that says what
+# kind of run it is: (heading, key of the split's results, format)
+FIGURES: dict[str, list[tuple[str, str, str]]] = {
+    "bleu": [  # a translation run
+        ("perplexity", "ppl", ".2f"),
+        ("tokens", "tokens", ","),
+        ("BLEU", "bleu", ".2f"),
+        ("chrF", "chrf", ".2f"),
+    ],
+    "unigram_ppl": [  # a language model
+        ("perplexity", "ppl", ".2f"),
+        ("unigram perplexity", "unigram_ppl", ".2f"),
+        ("tokens", "tokens", ","),
+        ("OOV rate", "oov_rate", ".2%"),
+    ],
+}
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -66,32 +82,13 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
         + f" · vocabulary {results['vocab_size']:,}",
         "",
     ]
-    if "bleu" in results["test"]:  # a translation run
-        lines += _splits_table(
-            results,
-            ["perplexity", "tokens", "BLEU", "chrF"],
-            lambda r: [
-                f"{r['ppl']:.2f}",
-                f"{r['tokens']:,}",
-                f"{r['bleu']:.2f}",
-                f"{r['chrf']:.2f}",
-            ],
-        )
-        lines += ["", f"Beam {results['test']['beam']}; `{results['test']['bleu_signature']}`."]
-    elif "unigram_ppl" in results["test"]:  # a language model
-        lines += _splits_table(
-            results,
-            ["perplexity", "unigram perplexity", "tokens", "OOV rate"],
-            lambda r: [
-                f"{r['ppl']:.2f}",
-                f"{r['unigram_ppl']:.2f}",
-                f"{r['tokens']:,}",
-                f"{r['oov_rate']:.2%}",
-            ],
-        )
-    else:  # another task (masked LM, classification): its own figures, as reported
-        keys = [k for k, v in results["test"].items() if isinstance(v, (int, float))]
-        lines += _splits_table(results, keys, lambda r: [_figure(r[k]) for k in keys])
+    test = results["test"]
+    kind = next((key for key in FIGURES if key in test), None)
+    # another task (masked LM, classification): its own figures, as reported
+    own = [(key, key, "") for key, value in test.items() if isinstance(value, (int, float))]
+    lines += _splits_table(results, FIGURES[kind] if kind else own)
+    if kind == "bleu":
+        lines += ["", f"Beam {test['beam']}; `{test['bleu_signature']}`."]
     lines += ["", "| part | parameters |", "|---|---:|"]
     lines += [f"| {part} | {count:,} |" for part, count in results["params"].items()]
     lines += [f"| **total** | **{results['total_params']:,}** |", ""]
@@ -103,14 +100,15 @@ def write_report(run_dir: Path, config: Config, results: dict[str, Any]) -> Path
     return path
 
 
-def _splits_table(
-    results: dict[str, Any], columns: list[str], cells: Callable[[dict[str, Any]], list[str]]
-) -> list[str]:
-    """A results table: a row per split (valid, test), its ``columns`` the cells of its
-    results."""
-    lines = ["| split | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+def _splits_table(results: dict[str, Any], figures: list[tuple[str, str, str]]) -> list[str]:
+    """A results table: a row per split (valid, test), a column per figure (heading, key of
+    the split's results, format; "": :func:`_figure`'s)."""
+    headings = [heading for heading, _, _ in figures]
+    lines = ["| split | " + " | ".join(headings) + " |", "|---|" + "---:|" * len(figures)]
     for split in ("valid", "test"):
-        lines.append(f"| {split} | " + " | ".join(cells(results[split])) + " |")
+        row = results[split]
+        cells = [format(row[key], spec) if spec else _figure(row[key]) for _, key, spec in figures]
+        lines.append(f"| {split} | " + " | ".join(cells) + " |")
     return lines
 
 
