@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from targetlm.lexicon.lexicon import Lexicon
-from targetlm.modules.char_cnn import StringIndex, Widths, index_strings
+from targetlm.modules.char_cnn import CharCnn, StringIndex, Widths, index_strings
 from targetlm.modules.embeddings import INPUT_EMBEDDINGS
 from targetlm.modules.grounded import GroundedEncoder, prepare_lexicon
 from targetlm.registry import Count, Probability, Seed, Size
@@ -59,9 +59,8 @@ class GrocEmbedding(nn.Module):
             lexicon_drop,
             lexicon_seed,
         )
-        encoder = GroundedEncoder(
-            size, relations, definitions, char_size, widths, channels_per_width, highway_layers
-        )
+        cnn = CharCnn(char_size, widths, channels_per_width, highway_layers)
+        encoder = GroundedEncoder(size, relations, definitions, cnn)
         self._attach(encoder, size, words, lexicon, max_word_length)
 
     def _attach(

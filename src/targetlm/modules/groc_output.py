@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from targetlm.lexicon.lexicon import Lexicon
-from targetlm.modules.char_cnn import StringIndex, Widths, index_strings
+from targetlm.modules.char_cnn import CharCnn, StringIndex, Widths, index_strings
 from targetlm.modules.groc_embedding import shared_encoder
 from targetlm.modules.grounded import GroundedEncoder, prepare_lexicon
 from targetlm.modules.outputs import (
@@ -221,15 +221,8 @@ class GrocOutput(CompositionalOutput):
                 embedding, hidden_size, relations, definitions, required=share_encoder is True
             )
         if encoder is None:
-            encoder = GroundedEncoder(
-                hidden_size,
-                relations,
-                definitions,
-                char_size,
-                widths,
-                channels_per_width,
-                highway_layers,
-            )
+            cnn = CharCnn(char_size, widths, channels_per_width, highway_layers)
+            encoder = GroundedEncoder(hidden_size, relations, definitions, cnn)
         super().__init__(
             words,
             lexicon,
@@ -266,12 +259,11 @@ class CharCnnOutput(CompositionalOutput):
         max_word_length: Size = 20,
         correction: Count = 0,
     ) -> None:
+        cnn = CharCnn(char_size, widths, channels_per_width, highway_layers)
         super().__init__(
             words,
             None,
-            GroundedEncoder(
-                hidden_size, False, False, char_size, widths, channels_per_width, highway_layers
-            ),
+            GroundedEncoder(hidden_size, False, False, cnn),
             ResidualNetwork(hidden_size, 0),
             hidden_size,
             bias,

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from targetlm.lexicon.lexicon import Lexicon
-from targetlm.modules.char_cnn import CharCnn, StringIndex, Widths, select_bags
+from targetlm.modules.char_cnn import CharCnn, StringIndex, select_bags
 
 
 class GroundedEncoder(nn.Module):
@@ -20,22 +20,14 @@ class GroundedEncoder(nn.Module):
     W has no bias: with a char-CNN of output size S = d it is the paper's "3d² parameters for
     projection" (§3.4); a bias would add the same vector to every word's embedding, which the
     prefix encoder's input bias, the softmax and the compositional bias's ``a`` absorb anyway.
+    ``cnn`` is s (built by the caller, before W).
     """
 
-    def __init__(
-        self,
-        size: int,
-        relations: bool = True,
-        definitions: bool = True,
-        char_size: int = 16,
-        widths: Widths = (1, 2, 3, 4, 5, 6),
-        channels_per_width: int = 32,
-        highway_layers: int = 1,
-    ) -> None:
+    def __init__(self, size: int, relations: bool, definitions: bool, cnn: CharCnn) -> None:
         super().__init__()
         self.relations = relations
         self.definitions = definitions
-        self.cnn = CharCnn(char_size, widths, channels_per_width, highway_layers)
+        self.cnn = cnn
         parts = 1 + relations + definitions
         self.projection = nn.Linear(parts * self.cnn.output_size, size, bias=False)
 
