@@ -10,7 +10,7 @@ from targetlm import functional
 from targetlm.chunked import LogitTerms
 from targetlm.data.batching import IGNORE
 from targetlm.modules.interfaces import EmbeddingTable
-from targetlm.objectives.base import OBJECTIVES, Count
+from targetlm.objectives.base import OBJECTIVES, LossSums
 from targetlm.objectives.cross_entropy import CrossEntropyObjective
 from targetlm.registry import Fraction, NonNegative, Positive, Probability
 
@@ -92,19 +92,15 @@ class AugmentedLossObjective(CrossEntropyObjective):
             soft_table=self._table(weight),
         )
 
-    def terms(
-        self,
-        logits: torch.Tensor,
-        targets: torch.Tensor,
-        weight: torch.Tensor,
-        ce_sum: torch.Tensor,
-        count: Count,
-    ) -> list[tuple[float, torch.Tensor]]:
-        """(1, Σ CE) and (α, Σ KL), or (β·τ²·|V|, Σ KL) and (1 − β, Σ CE); then
+    def with_terms(
+        self, ce: LossSums, logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor
+    ) -> LossSums:
+        """Terms (1, Σ CE) and (α, Σ KL), or (β·τ²·|V|, Σ KL) and (1 − β, Σ CE); then
         (z_loss, Σ (log Z)²) when asked for; all over the scored positions."""
+        ce_sum, count = ce.terms[0][1], ce.count
         compiling = torch.compiler.is_compiling()  # count is a tensor: no branch on it
         if not compiling and count == 0:
-            return [(1.0, ce_sum)]
+            return ce
         z_sum = functional.z_loss(logits, targets, reduction="sum") if self.z_loss else None
         table = self._table(weight)
         if compiling:  # static shapes: padding weighted by 0
@@ -126,4 +122,4 @@ class AugmentedLossObjective(CrossEntropyObjective):
             terms = [(self.beta * self.tau**2 * weight.size(0), kl_sum), (1 - self.beta, ce_sum)]
         if z_sum is not None:
             terms.append((self.z_loss, z_sum))
-        return terms
+        return LossSums(tuple(terms), ce.nll_sum, count)

@@ -6,7 +6,7 @@ import torch
 
 from targetlm import functional
 from targetlm.chunked import LogitTerms
-from targetlm.objectives.base import OBJECTIVES, Count, LossSums, Objective
+from targetlm.objectives.base import OBJECTIVES, LossSums, Objective
 from targetlm.registry import Fraction, NonNegative
 
 
@@ -37,26 +37,22 @@ class CrossEntropyObjective(Objective):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> LossSums:
-        """The (optionally smoothed) cross entropy of the logits x̂·E_outᵀ + b, summed over
-        the scored positions, with the weighted sums of :meth:`terms`."""
+        """The (optionally smoothed) cross entropy of the logits x̂·E_outᵀ + b summed over the
+        scored positions, with the objective's other terms (:meth:`with_terms`)."""
         logits = functional.logits(predicted, weight, bias).flatten(0, -2)  # (B*T, V)
         targets = targets.reshape(-1)
         ce_sum, nll_sum, count = functional.cross_entropy(
             logits, targets, self.label_smoothing, reduction="sum"
         )
-        return LossSums(tuple(self.terms(logits, targets, weight, ce_sum, count)), nll_sum, count)
+        return self.with_terms(LossSums(((1.0, ce_sum),), nll_sum, count), logits, targets, weight)
 
-    def terms(
-        self,
-        logits: torch.Tensor,
-        targets: torch.Tensor,
-        weight: torch.Tensor,
-        ce_sum: torch.Tensor,
-        count: Count,
-    ) -> list[tuple[float, torch.Tensor]]:
-        """The loss's (weight, sum) terms from the flat logits (B*T, V) and targets (B*T,)
-        and the summed cross entropy: (1, Σ CE), then (z_loss, Σ (log Z)²) when asked for."""
-        terms = [(1.0, ce_sum)]
-        if self.z_loss and count:
-            terms.append((self.z_loss, functional.z_loss(logits, targets, reduction="sum")))
-        return terms
+    def with_terms(
+        self, ce: LossSums, logits: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor
+    ) -> LossSums:
+        """The objective's record from the cross entropy's ``ce`` (its one term (1, Σ CE)) on
+        the flat logits (B*T, V) and targets (B*T,): here (z_loss, Σ (log Z)²) added when
+        asked for."""
+        if not (self.z_loss and ce.count):
+            return ce
+        z_sum = functional.z_loss(logits, targets, reduction="sum")
+        return LossSums((*ce.terms, (self.z_loss, z_sum)), ce.nll_sum, ce.count)
