@@ -136,10 +136,7 @@ class CrammedBertEncoder(Encoder):
         self, x: torch.Tensor, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, None]:
         length = x.size(1)
-        if self.max_context is not None and length > self.max_context:
-            raise ValueError(
-                f"a sequence of {length} tokens exceeds max_context {self.max_context}"
-            )
+        self._check_length(length, "a sequence")
         h = self.input_map(x) + self.position_scale * self.positions[:length]
         h = self.drop(self.embedding_norm(h))  # (B, T, d)
         key_mask = None if state is None else state.bool()[:, None, None, :]  # (B, 1, 1, T)

@@ -56,6 +56,13 @@ class Encoder(nn.Module):
     denoiser: bool = False
     causal: bool = True
 
+    def _check_length(self, length: int, what: str = "a segment") -> None:
+        """A ValueError when ``what``, of ``length`` tokens, is longer than ``max_context``."""
+        if self.max_context is not None and length > self.max_context:
+            raise ValueError(
+                f"{what} of {length} tokens exceeds the model's max_context {self.max_context}"
+            )
+
 
 class LockedDropout(nn.Module):
     """Variational dropout (Gal & Ghahramani 2016): one mask per sequence, shared over time.
@@ -359,8 +366,7 @@ class CausalTransformer(Encoder):
         self, x: torch.Tensor, state: torch.Tensor | TransformerState | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | TransformerState | None]:
         segment = x.size(1)
-        if segment > self.max_context:
-            raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
+        self._check_length(segment)
         if isinstance(state, RaggedState):
             return self._forward_ragged(x, state)
         past, cache = (None, None) if state is None else split_state(state)
@@ -380,11 +386,7 @@ class CausalTransformer(Encoder):
                 h, kv = block(h, kv)
                 keys_values.append(kv)
         else:
-            if past is not None and past.size(1) > 0:
-                keep = self.max_context - segment
-                window = torch.cat([past[:, -keep:], x], 1) if keep > 0 else x
-            else:
-                window = x
+            window = slide_window(past, x, self.max_context)
             h = self.drop(self.input_map(window) + self.positions[: window.size(1)])  # (B, L, d)
             keys_values = []
             for block in self.blocks:
@@ -599,15 +601,10 @@ class WindowEncoder(Encoder):
     ) -> tuple[torch.Tensor, torch.Tensor | RaggedWindow | None]:
         """x (B, T, input_size), the state -> hidden (B, T, output_size) and the new state."""
         segment = x.size(1)
-        if segment > self.max_context:
-            raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
+        self._check_length(segment)
         if isinstance(state, RaggedWindow):
             return self._forward_ragged(x, state)
-        if state is not None and state.size(1) > 0:
-            keep = self.max_context - segment
-            window = torch.cat([state[:, -keep:], x], 1) if keep > 0 else x
-        else:
-            window = x
+        window = slide_window(state, x, self.max_context)
         hidden = self._encode(window, segment)
         if self.max_context == 1:
             return hidden, None
@@ -665,6 +662,15 @@ class WindowEncoder(Encoder):
         if bool((lengths == width).all()):
             return inputs
         return RaggedWindow(inputs, lengths)
+
+
+def slide_window(past: torch.Tensor | None, x: torch.Tensor, max_context: int) -> torch.Tensor:
+    """The window a segment x (B, T, ·) is read in: the last ``max_context - T`` of the inputs
+    ``past`` (B, P, ·) before it (None: none), then x."""
+    keep = max_context - x.size(1)
+    if past is None or past.size(1) == 0 or keep <= 0:
+        return x
+    return torch.cat([past[:, -keep:], x], 1)
 
 
 def sinusoidal_positions(length: int, d: int) -> torch.Tensor:

@@ -106,8 +106,7 @@ class HfEncoder(Encoder):
 
     def forward(self, x: torch.Tensor, state: HfState | None = None):
         segment = x.size(1)
-        if segment > self.max_context:
-            raise ValueError(f"segment of {segment} tokens exceeds max_context {self.max_context}")
+        self._check_length(segment)
         if state is not None and state.mask is not None:
             return self._forward_ragged(x, state)
         cache, past = (None, 0) if state is None else (state.cache, state.length)

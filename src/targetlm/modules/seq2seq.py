@@ -273,12 +273,6 @@ class SourceConditioned(Encoder):
         self.encoder_norm = nn.LayerNorm(d) if layer.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(d) if layer.norm == "pre" else nn.Identity()
 
-    def _check_length(self, length: int, what: str) -> None:
-        if length > self.max_context:
-            raise ValueError(
-                f"{what} of {length} tokens exceeds the model's max_context {self.max_context}"
-            )
-
     def _encode_source(
         self, source: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
