@@ -128,16 +128,11 @@ class Attention(nn.Module):
         return self.attend(q, (k, v), causal=causal, key_mask=key_mask), (k, v)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        kv: KeyValue,
-        *,
-        causal: bool = False,
-        key_mask: torch.Tensor | None = None,
+        self, x: torch.Tensor, kv: KeyValue, key_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """x (B, T, d) attends to keys/values (B, heads, L, d/heads); causal: query t (the last
-        T of the L positions) sees keys up to its own position; key_mask (B, L): True = attend."""
-        return self.attend(self.queries(x), kv, causal=causal, key_mask=key_mask)
+        """Cross-attention: x (B, T, d) attends to the keys/values ``kv`` (B, heads, L, d/heads)
+        of another sequence; key_mask (B, L): True = attend."""
+        return self.attend(self.queries(x), kv, key_mask=key_mask)
 
     def attend(
         self,
@@ -147,6 +142,9 @@ class Attention(nn.Module):
         causal: bool = False,
         key_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Queries q (B, heads, T, d/heads) attend to keys/values (B, heads, L, d/heads); causal:
+        query t (the last T of the L positions) sees keys up to its own position; key_mask
+        (B, L): True = attend."""
         B, _, T, _ = q.shape
         k, v = kv
         mask = None
