@@ -120,7 +120,11 @@ class CharCnn(nn.Module):
     widths: torch.Tensor  # (S,) buffer: each output channel's filter width
 
     def __init__(
-        self, char_size: int, widths: Widths, channels_per_width: int, highway_layers: int
+        self,
+        char_size: int = 16,
+        widths: Widths = (1, 2, 3, 4, 5, 6),
+        channels_per_width: int = 32,
+        highway_layers: int = 1,
     ) -> None:
         super().__init__()
         if not widths or min(widths) < 1:
