@@ -290,13 +290,8 @@ class WindowedTransformerHeads(NgramHeads):
     ) -> None:
         self._begin(n, residual=False)
         self.window = window
-        d = embedding_dim
-        self._build(
-            d,
-            partial(
-                WindowedBlocks, n - 1, d, num_attention_heads, ff_size or 4 * d, window, dropout
-            ),
-        )
+        d, ff = embedding_dim, ff_size or 4 * embedding_dim
+        self._build(d, partial(WindowedBlocks, n - 1, d, num_attention_heads, ff, window, dropout))
 
     def _build(self, d: int, layers: Callable[[], WindowedBlocks]) -> None:
         """Build the modules of this kind; ``layers()`` builds the blocks (called where their
