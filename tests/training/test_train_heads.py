@@ -78,9 +78,9 @@ def test_training_the_heads_raises_their_agreement_and_leaves_the_body(kind):
     for parameter in model.heads.parameters():
         parameter.requires_grad_(True)
     weight, bias = model.output()
-    before = distill.head_agreement(model.heads, held, weight, bias)
+    before = distill.draft_acceptance(model.heads, held, weight, bias)[0]
     distill.train_drafting_heads(model, train, steps=40, lr=1e-2, batch_size=4)
-    after = distill.head_agreement(model.heads, held, weight, bias)
+    after = distill.draft_acceptance(model.heads, held, weight, bias)[0]
     assert all(a > b + 0.1 for a, b in zip(after, before)), (before, after)
     for key, value in body.items():
         assert torch.equal(model.state_dict()[key], value), key
@@ -241,9 +241,9 @@ def test_heads_train_on_an_hf_backbone():
     for parameter in model.parameters():
         parameter.requires_grad_(id(parameter) in heads)
     weight, bias = model.output()
-    before = distill.head_agreement(model.heads, held, weight, bias)
+    before = distill.draft_acceptance(model.heads, held, weight, bias)[0]
     distill.train_drafting_heads(model, train, steps=30, lr=0.05, batch_size=8)
-    after = distill.head_agreement(model.heads, held, weight, bias)
+    after = distill.draft_acceptance(model.heads, held, weight, bias)[0]
     assert all(a > b + 0.2 for a, b in zip(after, before)), (before, after)
 
 

@@ -36,7 +36,6 @@ __all__ = [
     "cache_rows",
     "distillation_loss",
     "draft_acceptance",
-    "head_agreement",
     "head_logits",
     "reads_text",
     "train_drafting_heads",
@@ -147,18 +146,6 @@ def _predicted_ids(heads: NgramHeads, logits: torch.Tensor, weight: torch.Tensor
         if ids is not None:
             return ids[top]
     return top
-
-
-@torch.no_grad()
-def head_agreement(
-    heads: NgramHeads,
-    cache: HiddenCache,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    batch_size: int = 8,
-) -> list[float]:
-    """Per head n, the fraction of columns whose top-1 token is the body's g at column + n."""
-    return draft_acceptance(heads, cache, weight, bias, batch_size)[0]
 
 
 @torch.no_grad()
