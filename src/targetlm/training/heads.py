@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from targetlm.checkpoint import CheckpointError
 from targetlm.registry import ConfigError
+
+if TYPE_CHECKING:
+    from targetlm.modules.heads import NgramHeads
 
 __all__ = ["HEADS_RESULTS", "HeadsRecipe", "hf_eagle_options", "train_heads"]
 
@@ -154,10 +157,8 @@ def _set_draft_vocabulary(heads: Any, ids: torch.Tensor, vocab_size: int) -> int
 def train_heads(recipe: HeadsRecipe, print_line: Callable[[str], None] = print) -> dict[str, Any]:
     """Train the recipe's heads on the source run's frozen body and write the new run
     directory; returns the result (also written as ``heads.json``)."""
-    from targetlm.data import read_file, read_lines, with_context_token
-    from targetlm.modules.heads import build_heads
     from targetlm.rundir import RunDirError, check_outside_runs
-    from targetlm.runs import load_run, read_best
+    from targetlm.runs import load_run
     from targetlm.training import distill
     from targetlm.training.trainer import TrainingDiverged
 
@@ -167,17 +168,7 @@ def train_heads(recipe: HeadsRecipe, print_line: Callable[[str], None] = print) 
     check_outside_runs(run_dir)
     config, vocab, model, checkpoint = load_run(recipe.source)
     torch.manual_seed(recipe.seed)
-    heads_config = _heads_config(config.model.heads, recipe, model)
-    if heads_config.kind == "none":
-        raise ConfigError(
-            f"{recipe.source} has no heads (model.heads.kind = 'none'): name the kind to train "
-            "with --heads-kind (e.g. medusa)"
-        )
-    if heads_config != config.model.heads:  # other heads: new ones (residual kinds: identity)
-        model.heads = build_heads(heads_config, embedding_dim=model.output.embedding_dim)
-    heads = model.heads
-    if heads is None or model.num_heads < 1:
-        raise ConfigError(f"model.heads.n = {heads_config.options.get('n')}: no heads to train")
+    heads_config, heads = _heads_to_train(recipe, config, model)
     with torch.no_grad():
         weight, bias = model.output()
     draft_vocab = getattr(heads, "draft_vocab", None)
@@ -186,57 +177,19 @@ def train_heads(recipe: HeadsRecipe, print_line: Callable[[str], None] = print) 
             f"model.heads.draft_vocab = {draft_vocab} exceeds the vocabulary's "
             f"{weight.size(0)} tokens"
         )
-    if recipe.init_heads is not None:
-        start, _, path = read_best(recipe.init_heads)
-        _load_heads(model, start["model"], str(path))
-    for parameter in model.parameters():  # the body is frozen; the heads train
-        parameter.requires_grad_(False)
-    for parameter in heads.parameters():
-        parameter.requires_grad_(True)
-
-    corpus = Path(recipe.corpus)
-    if corpus.is_file():
-        lines = read_file(corpus, config.data.lowercase)
-    elif recipe.corpus in ("train", "valid", "test"):
-        lines = read_lines(config.data, getattr(config.data, recipe.corpus))
-    else:
-        raise ConfigError(
-            f"--corpus {recipe.corpus}: neither a file nor a split (train, valid, test)"
-        )
-    ids = with_context_token(vocab.encode(vocab.require_tokenizer().tokenize(lines)), vocab.eos_id)
-    context = model.encoder.max_context
-    if context is not None and recipe.segment > context:
-        raise ConfigError(f"--segment {recipe.segment} exceeds the body's max_context {context}")
-    segments = ids[: ids.numel() // recipe.segment * recipe.segment].view(-1, recipe.segment)
-    d = model.output.embedding_dim
-    limit = distill.cache_rows(recipe.cache_mb * 2**20, recipe.segment, d)
-    if limit < 1:
-        raise ConfigError(
-            f"--cache-mb {recipe.cache_mb} holds no segment of {recipe.segment} x {d}"
-        )
-    # the corpus is cut to what the cache holds first, then --held-out of that is kept apart:
-    # the held-out body pass costs in proportion to what is trained on, not to the whole corpus
-    used = min(segments.size(0), math.ceil(limit / (1 - recipe.held_out)))
-    held = max(1, round(used * recipe.held_out))
-    if used < 2 or held >= used:
-        raise ConfigError(
-            f"--corpus {recipe.corpus}: {ids.numel()} tokens make {segments.size(0)} segments "
-            f"of {recipe.segment}; need at least one to train on besides {held} held out"
-        )
-    train_segments = segments[: used - held]
-    segments = segments[:used]
+    train_segments, held_segments, cut = _segments(recipe, config, vocab, model)
     if recipe.init_heads is None:  # (heads read from another run keep their draft vocabulary)
         _set_draft_vocabulary(heads, train_segments, weight.size(0))
     device = next(model.parameters()).device
     started = time.perf_counter()
     train = distill.HiddenCache.build(model, train_segments.to(device))
-    held_out = distill.HiddenCache.build(model, segments[-held:].to(device))
-    cached = time.perf_counter() - started
+    held_out = distill.HiddenCache.build(model, held_segments.to(device))
+    held = len(held_segments)
     print_line(
         f"body states cached: {len(train)} segments x {recipe.segment} tokens "
         f"({train.bytes / 2**20:.1f} MiB of at most {recipe.cache_mb} MiB"
-        f"{', corpus cut to fit' if used < len(ids) // recipe.segment else ''}); "
-        f"{held} held out; {cached:.1f} s"
+        f"{', corpus cut to fit' if cut else ''}); "
+        f"{held} held out; {time.perf_counter() - started:.1f} s"
     )
     before, accepted_before = distill.draft_acceptance(heads, held_out, weight, bias)
 
@@ -289,6 +242,73 @@ def train_heads(recipe: HeadsRecipe, print_line: Callable[[str], None] = print) 
     )
     print_line(f"wrote {run_dir} ({seconds:.1f} s)")
     return result
+
+
+def _heads_to_train(recipe: HeadsRecipe, config: Any, model: Any) -> tuple[Any, NgramHeads]:
+    """The heads the recipe trains and their config: ``model.heads`` becomes them (new ones,
+    the source's, or another run's with ``--init-heads``), the only parameters that train."""
+    from targetlm.modules.heads import build_heads
+    from targetlm.runs import read_best
+
+    heads_config = _heads_config(config.model.heads, recipe, model)
+    if heads_config.kind == "none":
+        raise ConfigError(
+            f"{recipe.source} has no heads (model.heads.kind = 'none'): name the kind to train "
+            "with --heads-kind (e.g. medusa)"
+        )
+    if heads_config != config.model.heads:  # other heads: new ones (residual kinds: identity)
+        model.heads = build_heads(heads_config, embedding_dim=model.output.embedding_dim)
+    heads = model.heads
+    if heads is None or model.num_heads < 1:
+        raise ConfigError(f"model.heads.n = {heads_config.options.get('n')}: no heads to train")
+    if recipe.init_heads is not None:
+        start, _, path = read_best(recipe.init_heads)
+        _load_heads(model, start["model"], str(path))
+    for parameter in model.parameters():  # the body is frozen; the heads train
+        parameter.requires_grad_(False)
+    for parameter in heads.parameters():
+        parameter.requires_grad_(True)
+    return heads_config, heads
+
+
+def _segments(
+    recipe: HeadsRecipe, config: Any, vocab: Any, model: Any
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The recipe's corpus as (segments to train on, segments held out, whether the corpus was
+    cut to what the cache holds), each segment ``--segment`` tokens."""
+    from targetlm.data import read_file, read_lines, with_context_token
+    from targetlm.training import distill
+
+    corpus = Path(recipe.corpus)
+    if corpus.is_file():
+        lines = read_file(corpus, config.data.lowercase)
+    elif recipe.corpus in ("train", "valid", "test"):
+        lines = read_lines(config.data, getattr(config.data, recipe.corpus))
+    else:
+        raise ConfigError(
+            f"--corpus {recipe.corpus}: neither a file nor a split (train, valid, test)"
+        )
+    ids = with_context_token(vocab.encode(vocab.require_tokenizer().tokenize(lines)), vocab.eos_id)
+    context = model.encoder.max_context
+    if context is not None and recipe.segment > context:
+        raise ConfigError(f"--segment {recipe.segment} exceeds the body's max_context {context}")
+    segments = ids[: ids.numel() // recipe.segment * recipe.segment].view(-1, recipe.segment)
+    d = model.output.embedding_dim
+    limit = distill.cache_rows(recipe.cache_mb * 2**20, recipe.segment, d)
+    if limit < 1:
+        raise ConfigError(
+            f"--cache-mb {recipe.cache_mb} holds no segment of {recipe.segment} x {d}"
+        )
+    # the corpus is cut to what the cache holds first, then --held-out of that is kept apart:
+    # the held-out body pass costs in proportion to what is trained on, not to the whole corpus
+    used = min(segments.size(0), math.ceil(limit / (1 - recipe.held_out)))
+    held = max(1, round(used * recipe.held_out))
+    if used < 2 or held >= used:
+        raise ConfigError(
+            f"--corpus {recipe.corpus}: {ids.numel()} tokens make {segments.size(0)} segments "
+            f"of {recipe.segment}; need at least one to train on besides {held} held out"
+        )
+    return segments[: used - held], segments[used - held : used], used < len(ids) // recipe.segment
 
 
 def _write_run(
