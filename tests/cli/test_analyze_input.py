@@ -124,7 +124,7 @@ def test_subspace_checks_the_whole_sweep_before_training_any_model(
     def no_training(*args, **kwargs):
         raise AssertionError("a model was trained")
 
-    monkeypatch.setattr("targetlm.cli.analyze.Trainer", no_training)
+    monkeypatch.setattr("targetlm.training.trainer.Trainer", no_training)
     model = config(tmp_path / "model.toml", augmented)
     out = tmp_path / "sub"
     rc = main(["analyze", "subspace", "--config", str(model), "--out", str(out), *sweep])

@@ -55,7 +55,8 @@ from targetlm.cli.common import ArgumentParser
 from targetlm.data import DataError
 from targetlm.inference.progress import showing_progress, wanted
 from targetlm.registry import ConfigError
-from targetlm.training.trainer import RunDirError, TrainingDiverged
+from targetlm.rundir import RunDirError
+from targetlm.training.guards import TrainingDiverged
 
 EXPECTED_ERRORS = (ConfigError, DataError, CheckpointError, RunDirError, TrainingDiverged)
 COMMANDS = (

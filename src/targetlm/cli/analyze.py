@@ -30,7 +30,7 @@ from targetlm.data import (
 from targetlm.inference.scoring import Combiners
 from targetlm.modules.model import LanguageModel
 from targetlm.registry import MAX_SIZE, ConfigError, Range
-from targetlm.training.trainer import RunDirError, Trainer
+from targetlm.rundir import RunDirError
 
 TSNE_SEED = number_in(Range(0, 2**32 - 1), integer=True)  # scikit-learn's random_state
 LEVEL = number_in(Range(0, MAX_SIZE), integer=True)
@@ -75,6 +75,8 @@ def subspace(args: argparse.Namespace) -> int:
 
 def _train_quietly(config: Config, run_dir: Path) -> tuple[LanguageModel, dict[str, Any]]:
     """One run of the subspace sweep: the trainer's model and results, its log not printed."""
+    from targetlm.training.trainer import Trainer
+
     trainer = Trainer(config, run_dir, log=lambda message: None)
     results = trainer.train()
     return trainer.model, results

@@ -11,7 +11,7 @@ from targetlm import config as config_lib
 from targetlm.cli.common import add_set_option
 from targetlm.cli.train import train_and_report
 from targetlm.registry import ConfigError
-from targetlm.training.trainer import RunDirError
+from targetlm.rundir import RunDirError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,14 +8,16 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from targetlm import rundir
 from targetlm.files import DiskFullError, disk_full
 from targetlm.rundir import RunDirError
-from targetlm.training import distributed
+
+if TYPE_CHECKING:  # (imported for the annotation only: torch.distributed costs a second)
+    from targetlm.training import distributed
 
 
 class TrainingDiverged(RuntimeError):
