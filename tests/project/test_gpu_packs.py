@@ -132,6 +132,22 @@ def test_a_smoke_pack_trains_each_run_of_its_table_one_cpu_step(tmp_path, pack):
     assert f"targetlm compare {out}/records" in completed.stdout
 
 
+def test_the_inan_pack_without_its_controls_trains_the_papers_four_arms(tmp_path):
+    completed, calls, _ = run_pack(tmp_path, "inan_table1", env={"CONTROLS": "0", "SEEDS": "1 2"})
+    assert completed.returncode == 0, completed.stderr
+    trained = sorted(Path(c[c.index("--run-dir") + 1]).name for c in calls if c[0] == "train")
+    assert trained == sorted(
+        f"{arm}-s{seed}" for arm in ("base", "al", "re", "real") for seed in (1, 2)
+    )
+
+
+def test_a_bad_controls_value_is_one_error_before_anything_is_written(tmp_path):
+    completed, calls, out = run_pack(tmp_path, "inan_table1", env={"CONTROLS": "no"})
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == "inan_table1: CONTROLS must be 0 or 1, got 'no'"
+    assert calls == [] and not out.exists()
+
+
 def test_set_reaches_every_run_of_a_pack(tmp_path):
     env = {"SET": 'train.precision="bf16" train.log_every=7'}
     completed, calls, _ = run_pack(tmp_path, "heo_table1", env=env)
