@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4: models trained on PTB (news), evaluated on Brown genres in open vocabulary,
+# Models trained on PTB (news), evaluated on Brown genres in open vocabulary,
 # alone / + unigram cache / + neural cache with Pappas et al.'s cache settings
 # (experiments/cross_domain.py; GRID=1 adds the validation grid), and after finetuning each on
 # 80% of one genre (3 epochs as Pappas et al. §5.1, "trained for an additional 3 epochs on the

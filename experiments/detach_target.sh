@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3: does AL train better with ỹ as a constant (objective.detach_target = true, the
+# Does AL train better with ỹ as a constant (objective.detach_target = true, the
 # default, as the paper's analysis differentiates only through the logits) or with gradients
 # through ỹ into E_out? inan-small-ptb-al at the reduced budget of experiments/common.sh.
 #   bash experiments/detach_target.sh SEED

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15: text diffusion on Multi30k, base vs + WDR heads (the diff-tiny presets, 2 CPU cores).
+# Text diffusion on Multi30k, base vs + WDR heads (the diff-tiny presets, 2 CPU cores).
 #
 #   bash experiments/diffusion_multi30k.sh DIRECTION PRESET SEED     e.g.  de-en wdr 2
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5: gradient diversity (Yin et al. 2018; Heo et al. 2025, Fig. 2) during training,
+# Gradient diversity (Yin et al. 2018; Heo et al. 2025, Fig. 2) during training,
 # Sim vs WDR heads with N = 4, measured every K steps (default 10) on the first TOKENS
 # training tokens (default 100k, one epoch, the presets' Adam at 0.002), seed 1; then the plot:
 #   bash experiments/diversity.sh && python experiments/plot_diversity.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 5: Heo et al.'s Table 1 analog on PTB with the small LSTM (configs/heo-lstm-ptb-*),
+# Heo et al.'s Table 1 analog on PTB with the small LSTM (configs/heo-lstm-ptb-*),
 # at the reduced budget of experiments/common.sh, one seed per call:
 #   bash experiments/heo_lstm_ptb.sh SEED [METHOD ...]     (default: all seven presets)
 # Every run is evaluated on valid and test at λ ∈ {0, 0.2, 0.4, 0.6} (heads run once per split).

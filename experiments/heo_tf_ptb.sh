@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10: Heo et al. 2025 Table 1 (PTB, the small decoder Transformer, tf-small-ptb-*)
+# Heo et al. 2025 Table 1 (PTB, the small decoder Transformer, tf-small-ptb-*)
 # in the CPU regime: the paper's block (post-LN, ReLU, tied, dropout 0.3, label smoothing 0.1,
 # Adam 2.5e-4 without clipping) narrowed to 2 layers x d 128 (d_ff 512, 4 heads), blocks of
 # 128 tokens, batch 8 (1K tokens), on the first TOKENS training tokens (default 50k), validated

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10: Inan et al. 2017 Table 1, PTB small (inan-small-ptb-{base,al,re,real}) in the CPU
+# Inan et al. 2017 Table 1, PTB small (inan-small-ptb-{base,al,re,real}) in the CPU
 # regime: the presets unchanged (VD-LSTM 2x200 with recurrent dropout 0.3 tied to the output
 # masks, SGD lr 1 decayed by 0.9 per epoch after epoch 5, clip 5, BPTT 35, batch 20, tau 20,
 # gamma 0.5, RE/REAL without output bias) on the first TOKENS training tokens (default 50k)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3: PTB small (2x200) base / AL / RE / REAL at a reduced CPU budget, one seed per call.
+# PTB small (2x200) base / AL / RE / REAL at a reduced CPU budget, one seed per call.
 #   bash experiments/inan_small_ptb.sh SEED [EPOCHS]
 # Budget (ours, stated in docs/history.md): EPOCHS epochs (default 2) with the paper's
 # settings except a compressed schedule, lr 1 halved after every epoch (decay_start 1,

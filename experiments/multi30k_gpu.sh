@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15 on one GPU: the diffusion comparison of experiments/diffusion_multi30k.sh (diff-tiny
+# On one GPU: the diffusion comparison of experiments/diffusion_multi30k.sh (diff-tiny
 # base vs + WDR, En→De and De→En, every seed in SEEDS) beside its autoregressive reference of
 # experiments/nmt_multi30k.sh (nmt-tiny base, the same directions and seeds), all at EPOCHS
 # epochs, each run its own process (one CPU thread) side by side on the one GPU.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13: Multi30k translation, base vs + simple vs + WDR N-gram heads (the nmt-tiny presets,
+# Multi30k translation, base vs + simple vs + WDR N-gram heads (the nmt-tiny presets,
 # 2 CPU cores), each head model decoded without and with the head ensemble (λ chosen on val).
 #
 #   bash experiments/nmt_multi30k.sh DIRECTION PRESET SEED     e.g.  en-de wdr 1

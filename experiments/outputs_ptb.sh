@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4: the output-embedding comparison on PTB (configs/outputs-ptb-*: the same 2x200 LSTM
+# The output-embedding comparison on PTB (configs/outputs-ptb-*: the same 2x200 LSTM
 # prefix and Adam recipe, only [model.output] differs).
 #   bash experiments/outputs_ptb.sh SEED [METHOD ...]   (default: all ten)
 # Environment:

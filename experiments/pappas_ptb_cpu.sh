@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 10: Pappas et al. 2020 Table 2, PTB closed vocabulary (pappas-ptb-{tied,adaptive,groc})
+# Pappas et al. 2020 Table 2, PTB closed vocabulary (pappas-ptb-{tied,adaptive,groc})
 # in the CPU regime: the presets' optimiser, dropout, stopping rule and Table 8 settings with
 # a narrower prefix, the same for all: 2 x 256 LSTM units with a 128-dim last layer and
 # embedding (GroC: a char-CNN of 4 widths x 32 channels = d), on the first TOKENS training

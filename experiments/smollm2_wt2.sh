@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12: Heo et al. 2025 Table 3 at a CPU budget: SmolLM2-135M fine-tuned on WikiText-2
+# Heo et al. 2025 Table 3 at a CPU budget: SmolLM2-135M fine-tuned on WikiText-2
 # (tokenized wikitext-2-v1), base vs + simple heads (N 2, α 0.1) vs + WDR heads (N 4, α 0.1).
 #
 #   bash experiments/smollm2_wt2.sh PRESET SEED        PRESET: base | sim | wdr | before
